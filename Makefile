@@ -1,0 +1,43 @@
+# The two commands that matter: `make demo` and `make test`. Both work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BUILD  := build
+
+.PHONY: all demo test lint proto contract native bench clean
+
+all: native $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# Native parts: the fake NVML/CUDA drivers (fakes/) and the isolation shim (shim/).
+native:
+	$(MAKE) -C fakes BUILD=$(abspath $(BUILD))/fakes
+	@if [ -f shim/Makefile ]; then $(MAKE) -C shim BUILD=$(abspath $(BUILD))/shim; fi
+
+demo: all
+	$(VENV)/bin/devplugin demo
+
+test: all
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+
+proto: $(VENV)/.installed
+	$(PY) -m devplugin.api.generate
+
+contract: $(VENV)/.installed
+	$(PY) -m devplugin.contract > shim/gpushare_contract.h
+
+bench: all
+	$(PY) bench/admission.py
+	$(PY) bench/restart_and_health.py
+
+clean:
+	rm -rf $(BUILD)
