@@ -20,8 +20,8 @@ _IMPORT = re.compile(r"^from (deviceplugin|podresources)\.(\w+) import ", re.MUL
 
 def generate(out_dir: Path) -> list[Path]:
     """Compile every vendored proto into out_dir; return the files written."""
-    from grpc_tools import protoc
     import grpc_tools
+    from grpc_tools import protoc
 
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     written: list[Path] = []

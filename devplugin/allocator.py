@@ -1,0 +1,221 @@
+"""GetPreferredAllocation and Allocate as plain functions of the node, the kubelet's view and the open decision.
+
+The gRPC servicers are thin wrappers over `Allocator.preferred` and `Allocator.allocate`; tests call these
+directly. All state changes happen under one lock (the kubelet serialises admissions anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from devplugin.envs import container_envs
+from devplugin.errors import NoRoom, PairingConflict, RequestError
+from devplugin.idsets import gpu_label, group_ids
+from devplugin.ledger import Ledger
+from devplugin.node import Node
+from devplugin.pairing import Decision, PairingBook
+from devplugin.placement import pick_gpu, pick_units, pick_whole_gpus
+from devplugin.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
+
+log = logging.getLogger(__name__)
+
+PARTNER_MINIMUM = {Kind.MEM: 1, Kind.CORE: CORE_STEP}
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one Allocate gives a container."""
+
+    kind: Kind
+    gpus: tuple[str, ...]
+    device_ids: tuple[str, ...]
+    envs: dict[str, str]
+    mounts: tuple[MountSpec, ...] = ()
+    alloc_id: str = ""
+
+
+# Called on each shared Allocate with (decision, node) -> mounts; the shim delivery plugs in here.
+MountProvider = Callable[[Decision, Node], Sequence[MountSpec]]
+
+
+@dataclass
+class Allocator:
+    node: Node
+    pair_window_s: float = 2.0
+    mounts: MountProvider | None = None
+    ledger: Ledger = field(init=False)
+    book: PairingBook = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.node)
+        self.book = PairingBook(self.node.kinds, self.pair_window_s)
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ GetPreferredAllocation
+    def preferred(self, kind: Kind, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """The device IDs this container should get: `size` of `available`, including `must_include`."""
+        res = self.node.resource_name(kind)
+        _check_size(self.node, kind, size)
+        avail = group_ids(self.node, kind, available, "available IDs")
+        must = group_ids(self.node, kind, must_include, "must-include IDs")
+        for uuid, units in must.items():
+            missing = set(units) - set(avail.get(uuid, ()))
+            if missing:
+                raise RequestError(f"{res}: must-include IDs are not among the available IDs ({len(missing)} missing)")
+        total = sum(len(v) for v in avail.values())
+        if total < size:
+            raise NoRoom(f"{res}: {size} requested but only {total} available on this node")
+        with self._lock:
+            self.ledger.observe_available(kind, avail)
+            if kind is Kind.COUNT:
+                self.book.current(kind, for_allocate=False)
+                return self._preferred_whole(avail, must, size)
+            return self._preferred_share(kind, avail, must, size)
+
+    def _preferred_share(self, kind: Kind, avail: dict[str, list[int]], must: dict[str, list[int]],
+                         size: int) -> list[str]:
+        res = self.node.resource_name(kind)
+        if len(must) > 1:
+            raise RequestError(f"{res}: must-include IDs span {len(must)} GPUs; one container's share is on one GPU")
+        dec = self.book.current(kind, for_allocate=False)
+        if dec is not None:
+            target = dec.gpus[0]
+            if must and target not in must:
+                raise PairingConflict(
+                    f"{res}: the kubelet requires devices on {gpu_label(self.node, next(iter(must)))} but this "
+                    f"container's other resource is on {gpu_label(self.node, target)}"
+                )
+        elif must:
+            target = next(iter(must))
+        else:
+            target = self._place(kind, avail, size)
+        free = avail.get(target, [])
+        if len(free) < size:
+            other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"
+            raise PairingConflict(
+                f"{res}: this container asks for {size} but {gpu_label(self.node, target)}, chosen for its "
+                f"{other}, has only {len(free)} free; a container's gpu-mem and gpu-core.percentage must fit "
+                "on one GPU: lower the request or free room on that GPU"
+            )
+        units = pick_units(free, must.get(target, []), size)
+        ids = [encode_id(target, kind, n) for n in units]
+        if dec is None:
+            dec = self.book.open((target,))
+        dec.preferred[kind] = ids
+        return ids
+
+    def _place(self, kind: Kind, avail: dict[str, list[int]], size: int) -> str:
+        """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use."""
+        partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
+        pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
+        room = {
+            uuid: len(units)
+            for uuid, units in avail.items()
+            if not self.ledger.held_whole(uuid)
+            and (not pair or self.ledger.free(partner, uuid) >= PARTNER_MINIMUM[partner])
+        }
+        target = pick_gpu(self.node, room, size, self.node.placement)
+        if target is None:
+            detail = ", ".join(
+                f"GPU {self.node.by_uuid[u].index}: {len(avail.get(u, []))}"
+                + (" (held whole)" if self.ledger.held_whole(u) else "")
+                for u in self.node.by_uuid
+            )
+            raise NoRoom(
+                f"{self.node.resource_name(kind)}: no single GPU has {size} free units ({detail}); a container's "
+                "share must fit on one GPU: lower the request or wait for room"
+            )
+        return target
+
+    def _preferred_whole(self, avail: dict[str, list[int]], must: dict[str, list[int]], size: int) -> list[str]:
+        res = self.node.resource_name(Kind.COUNT)
+        candidates = [u for u in avail if self.ledger.untouched(u)]
+        busy = [u for u in must if u not in candidates]
+        if busy:
+            raise PairingConflict(f"{res}: {gpu_label(self.node, busy[0])} is shared by other containers")
+        chosen = pick_whole_gpus(self.node, candidates, list(must), size)
+        if chosen is None:
+            raise NoRoom(
+                f"{res}: {size} whole GPU(s) requested but only {len(candidates)} have no shared containers "
+                f"(of {len(avail)} not given whole); wait for shared pods to end or ask for fewer"
+            )
+        return [encode_id(u, Kind.COUNT) for u in chosen]
+
+    # ------------------------------------------------------------------ Allocate
+    def allocate(self, kind: Kind, ids: Sequence[str]) -> Grant:
+        """Validate one container's IDs of `kind` and say what the container gets."""
+        res = self.node.resource_name(kind)
+        if not ids:
+            raise RequestError(f"{res}: Allocate carried no device IDs")
+        groups = group_ids(self.node, kind, ids, "Allocate IDs")
+        if kind is Kind.COUNT:
+            uuids = tuple(groups)
+        else:
+            if len(groups) > 1:
+                names = ", ".join(str(self.node.by_uuid[u].index) for u in groups)
+                raise RequestError(
+                    f"{res}: IDs from GPUs {names} for a one-GPU request; a container's share must come from one "
+                    "GPU (the kubelet picked them without this plugin's preference: check that the kubelet "
+                    "calls GetPreferredAllocation)"
+                )
+            uuids = (next(iter(groups)),)
+            if kind is Kind.CORE:
+                _check_size(self.node, kind, len(ids))
+        with self._lock:
+            dec = self.book.current(kind, for_allocate=True)
+            if dec is not None and dec.gpus != uuids:
+                have = next(iter(dec.allocated or dec.preferred))
+                raise PairingConflict(
+                    f"{res}: this container's {have.value} is on {gpu_label(self.node, dec.gpus[0])} but its "
+                    f"{kind.value} devices are on {gpu_label(self.node, uuids[0])}; both must share one GPU "
+                    "(retry the pod; if it keeps failing, the GPU it was scheduled for lacks room)"
+                )
+            if dec is None:
+                dec = self.book.open(uuids)
+            for uuid, units in groups.items():
+                self.ledger.take(kind, uuid, units)
+            self.book.allocated(dec, kind, list(ids))
+            envs = container_envs(self.node, kind, uuids, len(ids))
+            mounts = tuple(self.mounts(dec, self.node)) if self.mounts and kind is not Kind.COUNT else ()
+            grant = Grant(kind, uuids, tuple(ids), envs, mounts, dec.alloc_id)
+        log.info(
+            "allocated %d %s on GPU %s", len(ids), res, envs.get("ALIYUN_COM_GPU_MEM_IDX"),
+            extra={"fields": {"resource": res, "gpu": ",".join(uuids), "devices": len(ids),
+                              "alloc_id": dec.alloc_id}},
+        )
+        return grant
+
+    def mark_allocated(self, kind: Kind, ids: Sequence[str]) -> None:
+        """Tell the view about devices already held (PodResources after a restart); unknown IDs are skipped."""
+        groups: dict[str, list[int]] = {}
+        for dev_id in ids:
+            try:
+                for uuid, units in group_ids(self.node, kind, [dev_id]).items():
+                    groups.setdefault(uuid, []).extend(units)
+            except RequestError as exc:
+                log.warning("ignoring held device: %s", exc)
+        with self._lock:
+            self.ledger.mark_allocated(kind, groups)
+
+
+def _check_size(node: Node, kind: Kind, size: int) -> None:
+    res = node.resource_name(kind)
+    if size <= 0:
+        raise RequestError(f"{res}: allocation size must be positive, got {size}")
+    if kind is Kind.CORE and (size % CORE_STEP or size > CORE_UNITS_PER_GPU):
+        raise RequestError(
+            f"{res}: {size} is not a valid compute share; ask for a multiple of {CORE_STEP} from {CORE_STEP} "
+            f"to {CORE_UNITS_PER_GPU} (percent of one GPU)"
+        )
+    if kind is Kind.COUNT and size > len(node.gpus):
+        raise NoRoom(f"{res}: {size} GPUs requested but this node has {len(node.gpus)}")

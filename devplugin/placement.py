@@ -1,0 +1,45 @@
+"""Which GPU a container's share lands on: binpack (least room that fits) or spread (most room)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from devplugin.node import Node
+
+
+def pick_gpu(node: Node, room: Mapping[str, int], need: int, policy: str) -> str | None:
+    """The UUID of the GPU to use for `need` units given free `room` per GPU, or None if none fits.
+
+    binpack fills the fullest GPU that still fits (least free units, then lowest index);
+    spread takes the emptiest (most free units, then lowest index). Only GPUs in `room` are considered.
+    """
+    fits = [(free, node.by_uuid[uuid].index, uuid) for uuid, free in room.items() if free >= need]
+    if not fits:
+        return None
+    if policy == "spread":
+        return min(fits, key=lambda t: (-t[0], t[1]))[2]
+    return min(fits, key=lambda t: (t[0], t[1]))[2]
+
+
+def pick_units(free: Sequence[int], must: Sequence[int], need: int) -> list[int]:
+    """`need` unit numbers from `free`: all of `must` first, then the lowest free ones."""
+    chosen = list(must)
+    taken = set(must)
+    for n in sorted(free):
+        if len(chosen) >= need:
+            break
+        if n not in taken:
+            chosen.append(n)
+            taken.add(n)
+    return chosen
+
+
+def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], need: int) -> list[str] | None:
+    """`need` whole GPUs: those in `must` first, then by NUMA node of the first pick and index."""
+    chosen = list(must)
+    rest = [u for u in candidates if u not in chosen]
+    numa = node.by_uuid[chosen[0]].numa_node if chosen else None
+    rest.sort(key=lambda u: (node.by_uuid[u].numa_node != numa if numa is not None else False,
+                             node.by_uuid[u].index))
+    chosen += rest[: max(need - len(chosen), 0)]
+    return chosen if len(chosen) == need else None
