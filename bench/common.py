@@ -1,0 +1,46 @@
+"""Shared setup for the benchmarks: a fake node, the kubelet emulator, and `devplugin serve` as a process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from devplugin.sim.fake_driver import FakeDriver, FakeGPU
+
+REPO = Path(__file__).resolve().parents[1]
+DOMAIN = "aliyun.com"
+MEM, CORE, COUNT = f"{DOMAIN}/gpu-mem", f"{DOMAIN}/gpu-core.percentage", f"{DOMAIN}/gpu-count"
+
+
+def gpus(n: int, mib: int, name: str = "NVIDIA H100 80GB HBM3") -> list[FakeGPU]:
+    return [FakeGPU(index=i, uuid=f"GPU-{i:08x}-bench-0000-0000-{i:012x}", name=name, memory_mib=mib, minor=i,
+                    pci_bus_id=f"00000000:{i + 1:02x}:00.0", numa_node=i // 4, sms=132) for i in range(n)]
+
+
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="gsbench-", dir="/tmp"))
+
+
+def start_daemon(driver: FakeDriver, root: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, **driver.env(), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--node-name", "",
+           "--plugin-dir", str(root / "dp"), "--pod-resources-socket", str(root / "pr.sock"), "--shim", "off",
+           "--log-level", "WARNING", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def percentile(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]

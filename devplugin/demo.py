@@ -1,0 +1,116 @@
+"""`devplugin demo`: the real daemon on a simulated node (fake driver, 4 x 15 GiB) against a kubelet emulator.
+
+It prints what a user checks on a real node: the node's allocatable, which GPU each container got and the env
+and mounts it received, and the clear errors for requests that cannot be honoured; first with binpack, then
+with spread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from devplugin.sim.fake_driver import FakeDriver, seed_node
+from devplugin.sim.kubelet import AdmissionError, KubeletEmulator
+from devplugin.sim.pods import ContainerSpec, PodSpec
+
+DOMAIN = "aliyun.com"
+MEM, CORE, COUNT = (f"{DOMAIN}/gpu-mem", f"{DOMAIN}/gpu-core.percentage", f"{DOMAIN}/gpu-count")
+SHOWN_ENVS = ("NVIDIA_VISIBLE_DEVICES", "ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_CONTAINER",
+              "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")
+
+EXAMPLES = [
+    ("cuda-sample", {MEM: 2, CORE: 30}, "the seed's job: 2 GiB and 30 % of one GPU"),
+    ("infer-a", {MEM: 4, CORE: 20}, "a small inference server"),
+    ("infer-b", {MEM: 8, CORE: 40}, "a bigger one"),
+    ("train", {MEM: 12, CORE: 50}, "needs most of a GPU"),
+    ("exclusive", {COUNT: 1}, "one whole GPU, no sharing"),
+    ("bad-core", {MEM: 1, CORE: 33}, "33 % is not a multiple of 5: refused"),
+    ("too-big", {MEM: 16, CORE: 10}, "16 GiB: no 15 GiB GPU can hold it: refused"),
+]
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _start_daemon(driver: FakeDriver, plugin_dir: Path, pod_resources: Path, placement: str,
+                  log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, **driver.env(), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--placement", placement,
+           "--plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_resources), "--node-name", "",
+           "--shim", "off"]
+    return subprocess.Popen(cmd, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
+
+
+def _show_allocatable(kubelet: KubeletEmulator) -> None:
+    alloc = kubelet.allocatable()
+    cap = kubelet.capacity()
+    _say("  node status (as `kubectl get node -o yaml` would show it):")
+    for res in sorted(cap):
+        _say(f"    {res}: capacity {cap[res]}, allocatable {alloc.get(res, 0)}")
+
+
+def _admit_examples(kubelet: KubeletEmulator) -> list[str]:
+    admitted = []
+    for name, limits, what in EXAMPLES:
+        pod = PodSpec(name=name, containers=[ContainerSpec(name="main", limits=dict(limits))])
+        asked = ", ".join(f"{r.split('/')[1]}={v}" for r, v in limits.items())
+        try:
+            result = kubelet.admit(pod)
+        except AdmissionError as exc:
+            _say(f"  x {name:<12} ({asked}; {what})")
+            _say(f"      refused: {exc}")
+            continue
+        admitted.append(pod.uid)
+        c = result.containers[0]
+        _say(f"  + {name:<12} ({asked}; {what})")
+        _say(f"      GPU {c.envs.get('ALIYUN_COM_GPU_MEM_IDX', '?')}   order of calls: {', '.join(c.calls)}")
+        for key in SHOWN_ENVS:
+            if key in c.envs:
+                _say(f"      {key}={c.envs[key]}")
+        for m in c.mounts:
+            _say(f"      mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})")
+    return admitted
+
+
+def run_demo(keep: bool = False) -> int:
+    root = Path(tempfile.mkdtemp(prefix="gsdemo-", dir="/tmp"))
+    driver = FakeDriver.create(root / "driver", seed_node(4, 15360))
+    plugin_dir = root / "device-plugins"
+    pod_resources = root / "pod-resources" / "kubelet.sock"
+    log_path = root / "daemon.log"
+    status = 0
+    try:
+        with KubeletEmulator(plugin_dir, pod_resources, seed=7) as kubelet:
+            for placement in ("binpack", "spread"):
+                _say(f"=== devplugin serve on a simulated node: 4 x 15 GiB GPUs, mode core_mem, {placement} ===")
+                daemon = _start_daemon(driver, plugin_dir, pod_resources, placement, log_path)
+                ok = kubelet.wait_for(lambda k: {MEM, CORE, COUNT} <= set(k.allocatable()) and
+                                      all(k.allocatable()[r] > 0 for r in (MEM, CORE, COUNT)), timeout=30)
+                if not ok:
+                    _say(f"the daemon did not register in 30 s; its log is {log_path}:")
+                    _say(log_path.read_text())
+                    daemon.kill()
+                    return 1
+                _show_allocatable(kubelet)
+                _say("  admitting example pods (the kubelet calls each resource in random order):")
+                uids = _admit_examples(kubelet)
+                for uid in uids:
+                    kubelet.remove_pod(uid)
+                daemon.send_signal(signal.SIGTERM)
+                code = daemon.wait(timeout=15)
+                left = sorted(p.name for p in plugin_dir.glob(f"{DOMAIN}-*.sock"))
+                _say(f"  SIGTERM: daemon exited {code}, its sockets left behind: {left or 'none'}")
+                _say()
+                status = status or code
+        _say(f"daemon log: {log_path}" if keep else "")
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return status
