@@ -94,8 +94,8 @@ def main() -> int:
         ms = [t * 1000 for t in times]
         print(f"admissions: {len(ms)} (refused for lack of room: {refused}) on 8 x 80 GiB, core_mem, binpack")
         print(
-            f"admission latency (GPA+Allocate for gpu-mem and gpu-core.percentage, 4 RPCs, client-measured): p50 {percentile(ms, 50):.3f} ms, p99 {percentile(ms, 99):.3f} ms, "
-            f"max {max(ms):.3f} ms"
+            "admission latency (GPA + Allocate for gpu-mem and gpu-core.percentage, 4 RPCs, client-measured): "
+            f"p50 {percentile(ms, 50):.3f} ms, p99 {percentile(ms, 99):.3f} ms, max {max(ms):.3f} ms"
         )
         return 0
     finally:
