@@ -64,6 +64,18 @@ class Allocator:
     # ------------------------------------------------------------------ GetPreferredAllocation
     def preferred(self, kind: Kind, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         """The device IDs this container should get: `size` of `available`, including `must_include`."""
+        try:
+            return self._preferred(kind, available, must_include, size)
+        except RequestError:
+            self._refused()
+            raise
+
+    def _refused(self) -> None:
+        """A refused call makes the kubelet reject the pod: its open decision must not catch the next one."""
+        with self._lock:
+            self.book.close()
+
+    def _preferred(self, kind: Kind, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         res = self.node.resource_name(kind)
         _check_size(self.node, kind, size)
         avail = group_ids(self.node, kind, available, "available IDs")
@@ -154,6 +166,13 @@ class Allocator:
     # ------------------------------------------------------------------ Allocate
     def allocate(self, kind: Kind, ids: Sequence[str]) -> Grant:
         """Validate one container's IDs of `kind` and say what the container gets."""
+        try:
+            return self._allocate(kind, ids)
+        except RequestError:
+            self._refused()
+            raise
+
+    def _allocate(self, kind: Kind, ids: Sequence[str]) -> Grant:
         res = self.node.resource_name(kind)
         if not ids:
             raise RequestError(f"{res}: Allocate carried no device IDs")

@@ -65,6 +65,10 @@ class PairingBook:
         dec.touched = now
         return dec
 
+    def close(self) -> None:
+        """End the open decision: a refused call means the kubelet rejects the pod and moves on."""
+        self._open = None
+
     def open(self, gpus: tuple[str, ...]) -> Decision:
         dec = Decision(gpus=gpus, touched=time.monotonic())
         self._open = dec

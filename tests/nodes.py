@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from devplugin.allocator import Allocator, Grant
 from devplugin.gpu.inventory import GPU
+
+from devplugin.allocator import Allocator, Grant
 from devplugin.node import Node
 from devplugin.units import Kind, MemUnit, device_ids
 
@@ -42,12 +43,17 @@ class MiniKubelet:
         return [i for i in self.all[kind] if i not in self.held[kind]]
 
     def admit(self, request: dict[Kind, int], order: list[Kind] | None = None) -> dict[Kind, Grant]:
-        grants: dict[Kind, Grant] = {}
+        self.pending: dict[Kind, Grant] = {}
         for kind in order or list(request):
             ids = self.allocator.preferred(kind, self.available(kind), [], request[kind])
-            grants[kind] = self.allocator.allocate(kind, ids)
+            self.pending[kind] = self.allocator.allocate(kind, ids)
             self.held[kind].update(ids)
-        return grants
+        return self.pending
+
+    def rollback(self) -> None:
+        """Release what the last, failed admission got (the kubelet does this for a rejected pod)."""
+        self.release(self.pending)
+        self.pending = {}
 
     def release(self, grants: dict[Kind, Grant]) -> None:
         for kind, grant in grants.items():

@@ -112,3 +112,12 @@ def test_errors_change_nothing(k: MiniKubelet) -> None:
     with pytest.raises(RequestError):
         k.allocator.allocate(MEM, [encode_id(uid(k, 0), MEM, 0), encode_id(uid(k, 1), MEM, 0)])
     assert {kind: k.allocator.ledger.free(kind, uid(k, 0)) for kind in (MEM, CORE)} == before
+
+
+def test_a_refused_container_does_not_capture_the_next_one(k: MiniKubelet) -> None:
+    k.admit({MEM: 1, CORE: 90})  # GPU0: 10 % left
+    with pytest.raises(PairingConflict):
+        k.admit({MEM: 1, CORE: 20}, order=[MEM, CORE])  # memory lands on GPU0, compute cannot follow
+    k.rollback()
+    grants = k.admit({CORE: 20, MEM: 1}, order=[CORE, MEM])  # the next container, other order
+    assert grants[MEM].gpus == grants[CORE].gpus

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devplugin.allocator import Allocator
-from devplugin.errors import NoRoom
+from devplugin.errors import NoRoom, PairingConflict
 from devplugin.placement import pick_gpu, pick_units
 from devplugin.units import Kind
 from tests.nodes import MiniKubelet, make_node, shuffled
@@ -67,8 +67,8 @@ def test_mixed_sizes_place_by_each_gpus_own_room() -> None:
     k = kubelet(sizes_gib=[80, 24], placement="binpack")
     assert gpu_index(k, k.admit({MEM: 20, CORE: 5})[MEM]) == 1  # 24 GiB GPU is the tighter fit
     assert gpu_index(k, k.admit({MEM: 30, CORE: 5})[MEM]) == 0  # only the 80 GiB GPU fits
-    with pytest.raises(NoRoom, match="no single GPU has 60 free units"):
-        k.admit({MEM: 60, CORE: 5})
+    with pytest.raises(NoRoom, match="no single GPU has 51 free units"):
+        k.admit({MEM: 51, CORE: 5})
 
 
 def test_whole_gpus_avoid_shared_ones_and_shares_avoid_whole_ones() -> None:
@@ -103,8 +103,9 @@ def test_mem_and_core_share_a_gpu_over_200_random_admissions(seed: int, placemen
         request = {MEM: rng.randint(1, 6), CORE: rng.choice(range(5, 55, 5))}
         try:
             grants = k.admit(request, order=shuffled([MEM, CORE], rng))
-        except NoRoom:
-            k.allocator.book.current(MEM, for_allocate=True)  # the kubelet moves on to the next pod
+        except (NoRoom, PairingConflict):
+            # refused: the kubelet rolls the pod back and moves on (the first half's devices are released)
+            k.rollback()
             continue
         assert grants[MEM].gpus == grants[CORE].gpus
         assert grants[MEM].envs["NVIDIA_VISIBLE_DEVICES"] == grants[CORE].envs["NVIDIA_VISIBLE_DEVICES"]
