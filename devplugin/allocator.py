@@ -51,14 +51,14 @@ MountProvider = Callable[[Decision, Node], Sequence[MountSpec]]
 @dataclass
 class Allocator:
     node: Node
-    pair_window_s: float = 2.0
+    pair_window_s: float = 1.0
     mounts: MountProvider | None = None
     ledger: Ledger = field(init=False)
     book: PairingBook = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.node)
-        self.book = PairingBook(self.node.kinds, self.pair_window_s)
+        self.book = PairingBook(self.pair_window_s)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ GetPreferredAllocation
@@ -89,6 +89,7 @@ class Allocator:
             raise NoRoom(f"{res}: {size} requested but only {total} available on this node")
         with self._lock:
             self.ledger.observe_available(kind, avail)
+            self.book.forget_rolled_back(kind, set(available))
             if kind is Kind.COUNT:
                 self.book.current(kind, for_allocate=False)
                 return self._preferred_whole(avail, must, size)

@@ -40,7 +40,7 @@ class Config:
     recovery_seconds: float = _opt(
         60.0, "an unhealthy GPU that has raised no critical XID for this long and answers NVML turns healthy")
     pair_window: float = _opt(
-        2.0, "seconds within which a container's gpu-mem and gpu-core.percentage calls are paired")
+        1.0, "seconds within which a container's gpu-mem and gpu-core.percentage calls are paired")
     shim: str = _opt("auto", "mount the isolation shim into shared containers: auto (when --shim-lib exists), "
                      "on, off", choices=("auto", "on", "off"))
     shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")

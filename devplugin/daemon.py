@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 RETRY_DELAYS_S = (0.5, 1, 2, 5, 10, 30)
+SETTLE_S = 0.1  # a restarting kubelet deletes sockets then creates kubelet.sock: act once the burst is over
 
 
 def socket_name(domain: str, kind: Kind) -> str:
@@ -97,7 +98,9 @@ class Daemon:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             self._poke.wait()
-            self._poke.clear()
+            while self._poke.is_set() and not self._stopping.is_set():
+                self._poke.clear()
+                self._stopping.wait(SETTLE_S)
             if self._stopping.is_set():
                 return
             self.reconcile()

@@ -4,7 +4,9 @@ The kubelet admits containers one at a time and, within a container, calls GetPr
 Allocate for each of its resources in turn, in random order, with no pod identity. A decision opened by the
 first of a container's two shared resources is joined by the second when it comes next. It ends when both are
 allocated, when a resource it already has is called again (that is the next container), when a gpu-count call
-comes, or after `window_s` without calls. Containers that ask for only one of the two on a core_mem node
+comes, or after `window_s` without calls. When the kubelet rejects a container by itself after its first
+resource (too few devices of the second), the next container's first call may join the stale decision; its
+second call then finds the stale devices back in `available` and takes their place (forget_rolled_back). Containers that ask for only one of the two on a core_mem node
 (against the node's rule) can be mis-paired with the next container; pod lookup resolves that case.
 """
 
@@ -41,8 +43,7 @@ def allocation_id(ids: list[str]) -> str:
 class PairingBook:
     """Holds the one open decision (the kubelet serialises admissions)."""
 
-    def __init__(self, expects: tuple[Kind, ...], window_s: float = 2.0) -> None:
-        self._expects = tuple(k for k in SHARED if k in expects)
+    def __init__(self, window_s: float = 1.0) -> None:
         self._window = window_s
         self._open: Decision | None = None
 
@@ -65,6 +66,20 @@ class PairingBook:
         dec.touched = now
         return dec
 
+    def forget_rolled_back(self, kind: Kind, available: set[str]) -> None:
+        """Drop `kind` from the open decision if the kubelet offers its devices again.
+
+        The kubelet can reject a container by itself (too few devices of its next resource) without calling
+        us; it then releases what the container got. Seeing those IDs back in `available` tells us so.
+        """
+        dec = self._open
+        if dec is None or kind not in dec.allocated or not set(dec.allocated[kind]) <= available:
+            return
+        del dec.allocated[kind]
+        dec.preferred.pop(kind, None)
+        if not dec.allocated:
+            self._open = None
+
     def close(self) -> None:
         """End the open decision: a refused call means the kubelet rejects the pod and moves on."""
         self._open = None
@@ -75,10 +90,10 @@ class PairingBook:
         return dec
 
     def allocated(self, dec: Decision, kind: Kind, ids: list[str]) -> None:
-        """Record an Allocate; close the decision when the container has all it can have."""
+        """Record an Allocate. A complete decision stays open until the next call: if the kubelet rejected the
+        previous container by itself, that call shows its devices back in `available` (forget_rolled_back)."""
         dec.allocated[kind] = ids
         if not dec.alloc_id:
             dec.alloc_id = allocation_id(ids)
-        if kind is Kind.COUNT or all(k in dec.allocated for k in self._expects):
-            if self._open is dec:
-                self._open = None
+        if kind is Kind.COUNT and self._open is dec:
+            self._open = None

@@ -121,3 +121,11 @@ def test_a_refused_container_does_not_capture_the_next_one(k: MiniKubelet) -> No
     k.rollback()
     grants = k.admit({CORE: 20, MEM: 1}, order=[CORE, MEM])  # the next container, other order
     assert grants[MEM].gpus == grants[CORE].gpus
+
+
+def test_a_container_the_kubelet_rejects_by_itself_does_not_split_the_next_one(k: MiniKubelet) -> None:
+    # The kubelet allocates A's memory, then finds too few compute devices and rejects A without calling us.
+    ids = k.allocator.preferred(MEM, k.available(MEM), [], 2)
+    k.allocator.allocate(MEM, ids)  # A's memory; A is then rolled back by the kubelet: IDs never held
+    grants = k.admit({CORE: 10, MEM: 3}, order=[CORE, MEM])  # B joins A's stale decision first...
+    assert grants[MEM].gpus == grants[CORE].gpus  # ...and its memory still follows its compute

@@ -124,7 +124,7 @@ def test_mode_and_placement_come_from_node_labels() -> None:
         with fake_apiserver(labels) as url, KubeletEmulator(root / "dp", root / "pr.sock") as kubelet:
             proc = serve(driver, root, "--node-name", "gpu-node-1", "--kubeconfig", str(kubeconfig(root, url)),
                          "--mode", "core_mem")
-            assert kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 30, timeout=20)
+            assert kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 30 and COUNT in k.allocatable(), timeout=20)
             assert set(kubelet.allocatable()) == {MEM, COUNT}  # cgpu: no gpu-core.percentage
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=15)
