@@ -2,12 +2,14 @@
 
 The kubelet admits containers one at a time and, within a container, calls GetPreferredAllocation and
 Allocate for each of its resources in turn, in random order, with no pod identity. A decision opened by the
-first of a container's two shared resources is joined by the second when it comes next. It ends when both are
-allocated, when a resource it already has is called again (that is the next container), when a gpu-count call
-comes, or after `window_s` without calls. When the kubelet rejects a container by itself after its first
-resource (too few devices of the second), the next container's first call may join the stale decision; its
-second call then finds the stale devices back in `available` and takes their place (forget_rolled_back). Containers that ask for only one of the two on a core_mem node
-(against the node's rule) can be mis-paired with the next container; pod lookup resolves that case.
+first of a container's two shared resources is joined by the second when it comes next. It ends when a
+resource it already has is called again (that is the next container), when a gpu-count call comes, when a
+call is refused, or after `window_s` without calls.
+
+When the kubelet rejects a container by itself after its first resource (too few devices of the second), the
+next container's first call may join the stale decision; its second call then finds the stale devices back in
+`available` and takes their place (forget_rolled_back). Containers that ask for only one of the two on a
+core_mem node (against the node's rule) can be mis-paired with the next container; pod lookup resolves that.
 """
 
 from __future__ import annotations

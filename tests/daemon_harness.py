@@ -11,12 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from devplugin.gpu.health import HealthWatcher
-from devplugin.sim.fake_driver import FakeDriver, FakeGPU, load_in_process, seed_node
-
 from devplugin.config import Config
 from devplugin.daemon import Daemon
+from devplugin.gpu.health import HealthWatcher
 from devplugin.serve import build
+from devplugin.sim.fake_driver import FakeDriver, FakeGPU, load_in_process, seed_node
 from devplugin.sim.kubelet import KubeletEmulator
 
 DOMAIN = "aliyun.com"

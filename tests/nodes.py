@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from devplugin.gpu.inventory import GPU
-
 from devplugin.allocator import Allocator, Grant
+from devplugin.gpu.inventory import GPU
 from devplugin.node import Node
 from devplugin.units import Kind, MemUnit, device_ids
 

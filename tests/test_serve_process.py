@@ -15,7 +15,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 from devplugin.sim.fake_driver import FakeDriver, FakeGPU, seed_node
-
 from devplugin.sim.kubelet import KubeletEmulator
 from tests.daemon_harness import COUNT, MEM, short_dir
 
