@@ -52,7 +52,7 @@ def main() -> int:
             times: list[float] = []
             refused = 0
             for i in range(args.admissions + 50):
-                if len(live) > 40 or (live and rng.random() < 0.5):
+                if len(live) > 24 or (live and rng.random() < 0.5):
                     for res, ids in live.pop(rng.randrange(len(live))).items():
                         held[res].difference_update(ids)
                 request = {MEM: rng.randint(1, 8), CORE: rng.choice(range(5, 35, 5))}

@@ -17,7 +17,7 @@ from devplugin.idsets import gpu_label, group_ids
 from devplugin.ledger import Ledger
 from devplugin.node import Node
 from devplugin.pairing import Decision, PairingBook
-from devplugin.placement import pick_gpu, pick_units, pick_whole_gpus
+from devplugin.placement import RecentShares, pick_gpu, pick_units, pick_whole_gpus
 from devplugin.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class Allocator:
     book: PairingBook = field(init=False)
 
     def __post_init__(self) -> None:
+        self.recent = RecentShares(PARTNER_MINIMUM)
         self.ledger = Ledger(self.node)
         self.book = PairingBook(self.pair_window_s)
         self._lock = threading.Lock()
@@ -89,7 +90,7 @@ class Allocator:
             raise NoRoom(f"{res}: {size} requested but only {total} available on this node")
         with self._lock:
             self.ledger.observe_available(kind, avail)
-            self.book.forget_rolled_back(kind, set(available))
+            self.book.forget_rolled_back(kind, available)
             if kind is Kind.COUNT:
                 self.book.current(kind, for_allocate=False)
                 return self._preferred_whole(avail, must, size)
@@ -131,13 +132,15 @@ class Allocator:
         """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use."""
         partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
         pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
-        room = {
-            uuid: len(units)
-            for uuid, units in avail.items()
-            if not self.ledger.held_whole(uuid)
-            and (not pair or self.ledger.free(partner, uuid) >= PARTNER_MINIMUM[partner])
-        }
-        target = pick_gpu(self.node, room, size, self.node.placement)
+        usable = {uuid: len(units) for uuid, units in avail.items() if not self.ledger.held_whole(uuid)}
+        target = None
+        # The other half of the container comes later, its size unknown: first keep room for what recent
+        # containers asked (replicas of one workload ask alike), then settle for the smallest possible share.
+        for reserve in ((self.recent.reserve(partner), PARTNER_MINIMUM[partner]) if pair else (0,)):
+            room = {u: free for u, free in usable.items() if self.ledger.free(partner, u) >= reserve}
+            target = pick_gpu(self.node, room, size, self.node.placement)
+            if target is not None:
+                break
         if target is None:
             detail = ", ".join(
                 f"GPU {self.node.by_uuid[u].index}: {len(avail.get(u, []))}"
@@ -205,6 +208,8 @@ class Allocator:
             for uuid, units in groups.items():
                 self.ledger.take(kind, uuid, units)
             self.book.allocated(dec, kind, list(ids))
+            if kind is not Kind.COUNT:
+                self.recent.add(kind, len(ids))
             envs = container_envs(self.node, kind, uuids, len(ids))
             mounts = tuple(self.mounts(dec, self.node)) if self.mounts and kind is not Kind.COUNT else ()
             grant = Grant(kind, uuids, tuple(ids), envs, mounts, dec.alloc_id)

@@ -29,6 +29,7 @@ ENV_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"  # 0..4
 ENV_LIMITS_FILE = "GPUSHARE_LIMITS_FILE"  # where the read-only limits file is mounted
 ENV_REAL_LIBCUDA = "GPUSHARE_REAL_LIBCUDA"  # path of the real libcuda.so.1 (tests point it at the fake)
 ENV_REAL_LIBNVML = "GPUSHARE_REAL_LIBNVML"  # path of the real libnvidia-ml.so.1 (tests likewise)
+ENV_CONTEXT_RESERVE = "GPUSHARE_CONTEXT_RESERVE"  # device memory charged per process for its CUDA context
 
 CORE_POLICIES = ("default", "force", "disable")
 

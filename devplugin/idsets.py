@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
+from functools import lru_cache
 
 from devplugin.errors import RequestError
 from devplugin.node import Node
-from devplugin.units import InvalidDeviceID, Kind, decode_id
+from devplugin.units import InvalidDeviceID, Kind, decode_id, device_ids
 
 
-def group_ids(node: Node, kind: Kind, ids: Iterable[str], what: str = "device IDs") -> dict[str, list[int]]:
+@lru_cache(maxsize=64)
+def _decoded(node: Node, kind: Kind) -> dict[str, tuple[str, int]]:
+    """decode_id of every ID this node advertises for `kind`, computed once (the hot path of every call)."""
+    return {i: decode_id(i)[::2] for g in node.gpus for i in device_ids(g, kind, node.unit)}
+
+
+def group_ids(node: Node, kind: Kind, ids: Sequence[str], what: str = "device IDs") -> dict[str, list[int]]:
     """Map IDs of `kind` to {GPU UUID: [unit numbers]}, in first-seen order; RequestError on any bad ID."""
+    known = _decoded(node, kind)
     groups: dict[str, list[int]] = {}
-    seen: set[str] = set()
+    try:
+        for dev_id in ids:
+            uuid, n = known[dev_id]
+            units = groups.get(uuid)
+            if units is None:
+                groups[uuid] = [n]
+            else:
+                units.append(n)
+    except KeyError:
+        _diagnose(node, kind, ids, what)
+    if sum(map(len, groups.values())) != len(set(ids)):
+        dup = next(i for n, i in enumerate(ids) if i in ids[:n])
+        raise RequestError(f"{node.resource_name(kind)}: {what} name {dup!r} twice; each device can be given once")
+    return groups
+
+
+def _diagnose(node: Node, kind: Kind, ids: Sequence[str], what: str) -> None:
+    """Raise the RequestError that says why an ID is not one of this node's `kind` devices."""
     resource = node.resource_name(kind)
     for dev_id in ids:
-        if dev_id in seen:
-            raise RequestError(f"{resource}: {what} name {dev_id!r} twice; each device can be given once")
-        seen.add(dev_id)
         try:
             uuid, got, n = decode_id(dev_id)
         except InvalidDeviceID as exc:
@@ -38,8 +60,7 @@ def group_ids(node: Node, kind: Kind, ids: Iterable[str], what: str = "device ID
                 f"{resource}: device {dev_id!r} is beyond GPU {gpu.index}'s {node.units(uuid, kind)} units "
                 f"(was the gpu-mem unit changed from {node.unit.name}?)"
             )
-        groups.setdefault(uuid, []).append(n)
-    return groups
+    raise RequestError(f"{resource}: {what} contain an ID this node does not advertise")
 
 
 def gpu_label(node: Node, uuid: str) -> str:

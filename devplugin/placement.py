@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from devplugin.node import Node
@@ -43,3 +44,18 @@ def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], 
                              node.by_uuid[u].index))
     chosen += rest[: max(need - len(chosen), 0)]
     return chosen if len(chosen) == need else None
+
+
+class RecentShares:
+    """What recent containers asked for, per resource: the room to keep for a container's other half."""
+
+    def __init__(self, minimum: Mapping[object, int], history: int = 16) -> None:
+        self._minimum = dict(minimum)
+        self._seen: dict[object, deque[int]] = {k: deque(maxlen=history) for k in minimum}
+
+    def add(self, kind: object, amount: int) -> None:
+        self._seen[kind].append(amount)
+
+    def reserve(self, kind: object) -> int:
+        """The largest recent request of `kind` (at least the minimum share)."""
+        return max(self._seen[kind], default=self._minimum[kind])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from functools import lru_cache
 
 from devplugin.gpu.inventory import GPU
 
@@ -94,7 +93,6 @@ def encode_id(uuid: str, kind: Kind, n: int = 0) -> str:
     return dev_id
 
 
-@lru_cache(maxsize=1 << 17)
 def decode_id(dev_id: str) -> tuple[str, Kind, int]:
     """(uuid, kind, n) of a device ID; InvalidDeviceID if it is not one of ours."""
     uuid, sep, tail = dev_id.rpartition("::")

@@ -74,11 +74,10 @@ def test_paired_resources_on_two_gpus(k: MiniKubelet) -> None:
 
 
 def test_second_half_does_not_fit_on_the_chosen_gpu(k: MiniKubelet) -> None:
-    k.admit({MEM: 1, CORE: 90})  # GPU0: 10 % left
-    k.allocator.book.current(MEM, for_allocate=True)
+    k.admit({MEM: 14, CORE: 5})  # GPU0: 1 GiB and 95 % left
     k.allocator.preferred(MEM, k.available(MEM), [], 1)  # binpack picks GPU0 for the memory
-    with pytest.raises(PairingConflict, match=r"asks for 20 but GPU 0 .* has only 10 free"):
-        k.allocator.preferred(CORE, k.available(CORE), [], 20)
+    with pytest.raises(PairingConflict, match=r"asks for 100 but GPU 0 .* has only 95 free"):
+        k.allocator.preferred(CORE, k.available(CORE), [], 100)
 
 
 def test_no_room_names_each_gpu(k: MiniKubelet) -> None:
@@ -115,9 +114,9 @@ def test_errors_change_nothing(k: MiniKubelet) -> None:
 
 
 def test_a_refused_container_does_not_capture_the_next_one(k: MiniKubelet) -> None:
-    k.admit({MEM: 1, CORE: 90})  # GPU0: 10 % left
+    k.admit({MEM: 14, CORE: 5})  # GPU0: 1 GiB and 95 % left
     with pytest.raises(PairingConflict):
-        k.admit({MEM: 1, CORE: 20}, order=[MEM, CORE])  # memory lands on GPU0, compute cannot follow
+        k.admit({MEM: 1, CORE: 100}, order=[MEM, CORE])  # memory lands on GPU0, compute cannot follow
     k.rollback()
     grants = k.admit({CORE: 20, MEM: 1}, order=[CORE, MEM])  # the next container, other order
     assert grants[MEM].gpus == grants[CORE].gpus

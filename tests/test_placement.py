@@ -63,6 +63,14 @@ def test_a_gpu_without_compute_left_is_not_chosen_for_memory() -> None:
     assert gpu_index(k, grants[MEM]) == 1 == gpu_index(k, grants[CORE])
 
 
+def test_memory_first_keeps_room_for_compute_like_recent_containers() -> None:
+    k = kubelet(placement="binpack")
+    for _ in range(3):
+        k.admit({MEM: 1, CORE: 30}, order=[CORE, MEM])  # GPU0: 10 % compute left, 12 GiB memory
+    grants = k.admit({MEM: 1, CORE: 30}, order=[MEM, CORE])  # memory first: GPU0 would strand the compute
+    assert gpu_index(k, grants[MEM]) == 1 == gpu_index(k, grants[CORE])
+
+
 def test_mixed_sizes_place_by_each_gpus_own_room() -> None:
     k = kubelet(sizes_gib=[80, 24], placement="binpack")
     assert gpu_index(k, k.admit({MEM: 20, CORE: 5})[MEM]) == 1  # 24 GiB GPU is the tighter fit
