@@ -36,6 +36,7 @@ class Running:
     health: HealthWatcher
     plugin_dir: Path
     pod_resources: Path
+    daemon_config: Config
 
     def registered_all(self, resources: tuple[str, ...] = (MEM, CORE, COUNT), timeout: float = 10) -> bool:
         return self.kubelet.wait_for(
@@ -66,10 +67,12 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, **overrides: ob
     daemon, health = built
     daemon.start()
     health.start()
+    r = None
     try:
-        yield Running(root, driver, kubelet, daemon, health, Path(cfg.plugin_dir), Path(cfg.pod_resources_socket))
+        r = Running(root, driver, kubelet, daemon, health, Path(cfg.plugin_dir), Path(cfg.pod_resources_socket), cfg)
+        yield r
     finally:
-        health.stop()
-        daemon.stop()
+        (r.health if r else health).stop()
+        (r.daemon if r else daemon).stop()
         kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
