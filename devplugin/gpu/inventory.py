@@ -1,0 +1,92 @@
+"""The node's GPUs as NVML reports them: index, UUID, name, each GPU's own memory size, minor, PCI bus, NUMA node."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+
+from devplugin.gpu import nvml
+from devplugin.gpu.nvml import NvmlUnavailable
+
+__all__ = ["GPU", "NvmlUnavailable", "enumerate_gpus"]
+
+log = logging.getLogger(__name__)
+
+SYSFS_PCI = Path("/sys/bus/pci/devices")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One physical GPU."""
+
+    index: int  # NVML index
+    uuid: str  # "GPU-..."; the identity everything else keys on
+    name: str  # e.g. "Tesla V100-SXM2-16GB"
+    memory_bytes: int  # this GPU's total memory as NVML reports it
+    minor: int  # /dev/nvidia<minor>
+    pci_bus_id: str  # "00000000:00:07.0"
+    numa_node: int | None  # None when neither NVML nor sysfs says
+
+
+def enumerate_gpus() -> list[GPU]:
+    """Every GPU NVML can see, in NVML index order.
+
+    Each GPU keeps its own memory size, so mixed nodes (80 GiB next to 24 GiB) are described as they are.
+    A GPU that NVML reports lost is left out with a warning; NvmlUnavailable when NVML itself cannot be used.
+    """
+    with nvml.session():
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as err:
+            raise nvml.unavailable(err, "nvmlDeviceGetCount") from None
+        gpus = []
+        for index in range(count):
+            try:
+                gpus.append(_describe(index))
+            except pynvml.NVMLError_GpuIsLost:
+                log.warning(
+                    "GPU %d: NVML says the GPU is lost (fell off the bus); it is not advertised until it is "
+                    "reset and this daemon restarts", index, extra={"fields": {"gpu_index": index}},
+                )
+            except pynvml.NVMLError as err:
+                raise nvml.unavailable(err, f"reading GPU {index}") from None
+        return gpus
+
+
+def _describe(index: int) -> GPU:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    pci = pynvml.nvmlDeviceGetPciInfo(handle)
+    bus_id = _text(pci.busId)
+    return GPU(
+        index=index,
+        uuid=pynvml.nvmlDeviceGetUUID(handle),
+        name=pynvml.nvmlDeviceGetName(handle),
+        memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+        minor=pynvml.nvmlDeviceGetMinorNumber(handle),
+        pci_bus_id=bus_id,
+        numa_node=_numa_node(handle, bus_id),
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _numa_node(handle: object, bus_id: str) -> int | None:
+    """NVML's answer where the driver has it (R535+), else the kernel's (sysfs numa_node), else None."""
+    try:
+        node = pynvml.nvmlDeviceGetNumaNodeId(handle)
+        return node if node >= 0 else None
+    except pynvml.NVMLError:
+        pass  # NOT_SUPPORTED, FUNCTION_NOT_FOUND on older drivers
+    # sysfs names devices with a 4-digit domain, lower case: 0000:00:07.0
+    domain, _, rest = bus_id.partition(":")
+    try:
+        text = (SYSFS_PCI / f"{int(domain, 16):04x}:{rest.lower()}" / "numa_node").read_text().strip()
+        node = int(text)
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
