@@ -69,7 +69,12 @@ def run(cfg: Config) -> int:
         return 0
     daemon, health = built
     daemon.start()
-    health.start()
+    try:
+        health.start()
+    except NvmlUnavailable as exc:
+        log.error("cannot watch GPU health: %s", exc)
+        daemon.stop()
+        return EXIT_CONFIG
     stop.wait()
     log.info("stopping")
     health.stop()
