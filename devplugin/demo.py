@@ -56,6 +56,29 @@ def _show_allocatable(kubelet: KubeletEmulator) -> None:
         _say(f"    {res}: capacity {cap[res]}, allocatable {alloc.get(res, 0)}")
 
 
+def _show_usage(kubelet: KubeletEmulator, uuids: list[str]) -> None:
+    """Per GPU, what the admitted containers hold (from the kubelet's own allocations)."""
+    used: dict[str, dict[str, int]] = {}
+    for containers in kubelet.allocations().values():
+        for resources in containers.values():
+            for res, ids in resources.items():
+                for dev in ids:
+                    gpu = dev.split("::")[0]
+                    used.setdefault(gpu, {}).setdefault(res, 0)
+                    used[gpu][res] += 1
+    totals: dict[str, dict[str, int]] = {}
+    for res in (MEM, CORE, COUNT):
+        for dev in kubelet.devices(res):
+            totals.setdefault(dev.split("::")[0], {}).setdefault(res, 0)
+            totals[dev.split("::")[0]][res] += 1
+    _say("  per GPU, held by containers (what `kubectl inspect gpushare` would show):")
+    for i, gpu in enumerate(uuids):
+        u, t = used.get(gpu, {}), totals.get(gpu, {})
+        whole = " (whole, gpu-count)" if u.get(COUNT) else ""
+        _say(f"    GPU{i}: gpu-mem {u.get(MEM, 0):>2}/{t.get(MEM, 0)} GiB, "
+             f"gpu-core {u.get(CORE, 0):>3}/{t.get(CORE, 0)} %{whole}")
+
+
 def _admit_examples(kubelet: KubeletEmulator) -> list[str]:
     admitted = []
     for name, limits, what in EXAMPLES:
@@ -101,6 +124,7 @@ def run_demo(keep: bool = False) -> int:
                 _show_allocatable(kubelet)
                 _say("  admitting example pods (the kubelet calls each resource in random order):")
                 uids = _admit_examples(kubelet)
+                _show_usage(kubelet, [g.uuid for g in driver.gpus])
                 for uid in uids:
                     kubelet.remove_pod(uid)
                 daemon.send_signal(signal.SIGTERM)
