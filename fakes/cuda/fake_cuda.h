@@ -1,0 +1,144 @@
+/* The fake libcuda.so.1: the slice of the CUDA driver API (cuda.h, CUDA 12/13 ABI) that the isolation shim
+ * hooks and its tests call, over simulated GPUs.
+ *
+ * Which GPUs exist comes from the fake NVML's config ($FAKE_NVML_CONFIG, fakes/fake_gpu_config.h), so both
+ * fakes describe the same node; CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them as the real
+ * driver does. Memory is accounted across processes in the shared state file (mem_used_bytes), so NVML and
+ * cuMemGetInfo agree. Settings of the simulation (env):
+ *   FAKE_CUDA_CONTEXT_MIB       device memory a process's first context on a GPU takes (default 0)
+ *   FAKE_CUDA_NS_PER_BLOCK      simulated kernel time per thread block (default 0: kernels take no time)
+ *   FAKE_CUDA_QUEUE_US          work a stream may queue before a launch blocks (default 1000)
+ * While kernels take time, a thread writes the busy share of the last 100 ms into util_percent of the state
+ * file (what nvmlDeviceGetUtilizationRates reports); tests may also write util_percent themselves.
+ *
+ * Exported functions are aliases of hidden implementations, and cuGetProcAddress hands out the hidden
+ * addresses, as the real driver does: an LD_PRELOAD library can interpose the exported names but not the
+ * entry points the driver returns.
+ */
+#ifndef FAKE_CUDA_H
+#define FAKE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fake_gpu_config.h"
+#include "cuda/fake_cuda_counters.h"
+
+#pragma GCC visibility push(hidden)
+
+/* --- cuda.h types (only those used) ---------------------------------------------------------------------- */
+typedef int CUresult;
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef uint64_t cuuint64_t;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM (1 << 0)
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (1 << 1)
+typedef int CUdriverProcAddressQueryResult;
+#define CU_GET_PROC_ADDRESS_SUCCESS 0
+#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
+
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_LOCATION_TYPE_HOST 2
+typedef struct CUmemLocation_st {
+    int type;
+    int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType, gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemPoolProps_st {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+
+/* --- internals shared by the fake's files ---------------------------------------------------------------- */
+#define FAKE_CUDA_MAX_DEVICES FAKE_GPU_MAX_GPUS
+
+struct fake_ctx {
+    int device;   /* CUDA ordinal */
+    int primary;  /* 1 for the device's primary context */
+    int refcount; /* primary: retains; others: 1 */
+};
+
+struct fake_device {
+    int config_index; /* the GPU's index in the fake NVML config (= its slot in the state file) */
+    struct fake_gpu_info info;
+};
+
+extern struct fake_gpu_state *fake_state;       /* shared live state; NULL before cuInit */
+extern int fake_initialised;
+extern int fake_device_count;
+extern struct fake_device fake_devices[FAKE_CUDA_MAX_DEVICES];
+extern struct fake_cuda_counters fake_counters;
+extern __thread struct fake_ctx *fake_current;
+
+#define FAKE_COUNT(name) __atomic_fetch_add(&fake_counters.name, 1, __ATOMIC_RELAXED)
+
+/* The current context's device, or an error (not initialised / no current context). */
+CUresult fake_current_device(int *dev);
+/* Charge or refund device memory on a CUDA ordinal (shared with other processes). */
+CUresult fake_mem_take(int dev, uint64_t bytes);
+void fake_mem_give(int dev, uint64_t bytes);
+uint64_t fake_env_u64(const char *name, uint64_t dflt);
+/* Look a driver entry point up the way cuGetProcAddress does. NULL when there is none. */
+void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low);
+/* Wait until the simulated GPU has finished the work queued on dev. */
+void fake_sim_drain(int dev);
+
+#pragma GCC visibility pop
+
+/* Export `name` as an alias of the hidden implementation impl_<name>. */
+#define FAKE_EXPORT(name) \
+    extern __typeof__(impl_##name) name __attribute__((alias("impl_" #name), visibility("default")));
+
+
+#endif /* FAKE_CUDA_H */

@@ -1,0 +1,397 @@
+/* Fake driver: cuInit, device queries and contexts. */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda_api.h"
+
+struct fake_gpu_state *fake_state;
+int fake_initialised;
+int fake_device_count;
+struct fake_device fake_devices[FAKE_CUDA_MAX_DEVICES];
+struct fake_cuda_counters fake_counters;
+__thread struct fake_ctx *fake_current;
+
+static struct fake_ctx primary_ctx[FAKE_CUDA_MAX_DEVICES];
+static int context_charged[FAKE_CUDA_MAX_DEVICES];
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+
+uint64_t fake_env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end) {
+        fprintf(stderr, "fake libcuda: %s=%s is not a number; using %llu\n", name, v, (unsigned long long)dflt);
+        return dflt;
+    }
+    return x;
+}
+
+/* CUDA_VISIBLE_DEVICES: comma-separated indices or UUID prefixes; the list stops at the first entry that
+ * matches no GPU, as with the real driver. Unset: every GPU in config order. */
+static void pick_visible(const struct fake_gpu_config *cfg)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    fake_device_count = 0;
+    if (!v) {
+        for (unsigned i = 0; i < cfg->gpu_count; i++) {
+            fake_devices[fake_device_count].config_index = (int)i;
+            fake_devices[fake_device_count++].info = cfg->gpus[i];
+        }
+        return;
+    }
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && fake_device_count < FAKE_CUDA_MAX_DEVICES;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        int found = -1;
+        if (isdigit((unsigned char)*tok)) {
+            char *end;
+            long idx = strtol(tok, &end, 10);
+            if (!*end && idx >= 0 && idx < (long)cfg->gpu_count)
+                found = (int)idx;
+        } else if (!strncmp(tok, "GPU-", 4)) {
+            for (unsigned i = 0; i < cfg->gpu_count; i++)
+                if (!strncmp(cfg->gpus[i].uuid, tok, strlen(tok)))
+                    found = (int)i;
+        }
+        if (found < 0)
+            break;
+        fake_devices[fake_device_count].config_index = found;
+        fake_devices[fake_device_count++].info = cfg->gpus[found];
+    }
+}
+
+static void do_init(void)
+{
+    const char *path = getenv(FAKE_GPU_CONFIG_ENV);
+    if (!path || !*path) {
+        fprintf(stderr, "fake libcuda: %s is not set; no GPUs\n", FAKE_GPU_CONFIG_ENV);
+        init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    static struct fake_gpu_config cfg;
+    char err[8192];
+    if (fake_gpu_config_load(path, &cfg, err, sizeof err)) {
+        fprintf(stderr, "fake libcuda: %s\n", err);
+        init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    char state_path[4096];
+    snprintf(state_path, sizeof state_path, "%s%s", path, FAKE_GPU_STATE_SUFFIX);
+    fake_state = fake_gpu_state_map(state_path, 1, err, sizeof err);
+    if (!fake_state) {
+        fprintf(stderr, "fake libcuda: %s\n", err);
+        init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    pick_visible(&cfg);
+    if (fake_device_count == 0) {
+        init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    for (int d = 0; d < fake_device_count; d++)
+        primary_ctx[d] = (struct fake_ctx){.device = d, .primary = 1, .refcount = 0};
+    fake_initialised = 1;
+    init_result = CUDA_SUCCESS;
+}
+
+/* After fork the child is a new process to the (simulated) GPU: no contexts, no memory of its own. */
+static void child_after_fork(void)
+{
+    pthread_mutex_init(&ctx_lock, NULL);
+    memset(context_charged, 0, sizeof context_charged);
+    for (int d = 0; d < fake_device_count; d++)
+        primary_ctx[d].refcount = 0;
+    fake_current = NULL;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+__attribute__((destructor)) static void release_contexts(void)
+{
+    if (!fake_state)
+        return;
+    uint64_t bytes = fake_env_u64("FAKE_CUDA_CONTEXT_MIB", 0) << 20;
+    for (int d = 0; d < fake_device_count; d++)
+        if (context_charged[d] && bytes)
+            fake_mem_give(d, bytes);
+}
+
+CUresult impl_cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&init_once, do_init);
+    return init_result;
+}
+FAKE_EXPORT(cuInit)
+
+CUresult impl_cuDriverGetVersion(int *version)
+{
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    *version = 13000;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDriverGetVersion)
+
+#define NEED_INIT()                      \
+    do {                                 \
+        if (!fake_initialised)           \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+#define NEED_DEVICE(d)                                   \
+    do {                                                 \
+        NEED_INIT();                                     \
+        if ((d) < 0 || (d) >= fake_device_count)         \
+            return CUDA_ERROR_INVALID_DEVICE;            \
+    } while (0)
+
+CUresult impl_cuDeviceGetCount(int *count)
+{
+    NEED_INIT();
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = fake_device_count;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDeviceGetCount)
+
+CUresult impl_cuDeviceGet(CUdevice *device, int ordinal)
+{
+    NEED_DEVICE(ordinal);
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDeviceGet)
+
+CUresult impl_cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "%s", fake_devices[dev].info.name);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDeviceGetName)
+
+/* "GPU-0b6a1c2d-..." -> 16 bytes; hex digits are read in order, dashes skipped, missing digits are zero. */
+static void uuid_bytes(const char *text, CUuuid *out)
+{
+    memset(out, 0, sizeof *out);
+    int nibble = 0;
+    for (const char *p = text + 4; *p && nibble < 32; p++) {
+        int v = isdigit((unsigned char)*p) ? *p - '0'
+                : isxdigit((unsigned char)*p) ? tolower((unsigned char)*p) - 'a' + 10 : -1;
+        if (v < 0)
+            continue;
+        out->bytes[nibble / 2] = (char)(out->bytes[nibble / 2] | (nibble % 2 ? v : v << 4));
+        nibble++;
+    }
+}
+
+CUresult impl_cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    uuid_bytes(fake_devices[dev].info.uuid, uuid);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDeviceGetUuid_v2)
+
+CUresult impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return impl_cuDeviceGetUuid_v2(uuid, dev);
+}
+FAKE_EXPORT(cuDeviceGetUuid)
+
+CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = fake_devices[dev].info.memory_bytes;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDeviceTotalMem_v2)
+
+CUresult impl_cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attrib != CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    *value = (int)fake_devices[dev].info.sms;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDeviceGetAttribute)
+
+/* A process's first context on a GPU takes FAKE_CUDA_CONTEXT_MIB of its memory, as a real one does. */
+static CUresult charge_context(int dev)
+{
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&ctx_lock);
+    if (!context_charged[dev]) {
+        uint64_t bytes = fake_env_u64("FAKE_CUDA_CONTEXT_MIB", 0) << 20;
+        rc = bytes ? fake_mem_take(dev, bytes) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS) {
+            context_charged[dev] = 1;
+            FAKE_COUNT(ctx_created);
+        }
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    return rc;
+}
+
+CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = charge_context(dev);
+    if (rc)
+        return rc;
+    __atomic_fetch_add(&primary_ctx[dev].refcount, 1, __ATOMIC_RELAXED);
+    *pctx = (CUcontext)&primary_ctx[dev];
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDevicePrimaryCtxRetain)
+
+CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    __atomic_fetch_sub(&primary_ctx[dev].refcount, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDevicePrimaryCtxRelease_v2)
+
+static CUresult create_context(CUcontext *pctx, CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = charge_context(dev);
+    if (rc)
+        return rc;
+    struct fake_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ctx = (struct fake_ctx){.device = dev, .primary = 0, .refcount = 1};
+    fake_current = ctx;
+    *pctx = (CUcontext)ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    return create_context(pctx, dev);
+}
+FAKE_EXPORT(cuCtxCreate_v2)
+
+CUresult impl_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev)
+{
+    (void)params, (void)n, (void)flags;
+    return create_context(pctx, dev);
+}
+FAKE_EXPORT(cuCtxCreate_v3)
+
+CUresult impl_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    (void)params, (void)flags;
+    return create_context(pctx, dev);
+}
+FAKE_EXPORT(cuCtxCreate_v4)
+
+CUresult impl_cuCtxDestroy_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    if (!c || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (fake_current == c)
+        fake_current = NULL;
+    free(c);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuCtxDestroy_v2)
+
+CUresult impl_cuCtxSetCurrent(CUcontext ctx)
+{
+    NEED_INIT();
+    fake_current = (struct fake_ctx *)ctx;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuCtxSetCurrent)
+
+CUresult impl_cuCtxGetCurrent(CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)fake_current;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuCtxGetCurrent)
+
+CUresult fake_current_device(int *dev)
+{
+    NEED_INIT();
+    if (!fake_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = fake_current->device;
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuCtxGetDevice(CUdevice *device)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    return fake_current_device(device);
+}
+FAKE_EXPORT(cuCtxGetDevice)
+
+CUresult impl_cuCtxSynchronize(void)
+{
+    int dev;
+    CUresult rc = fake_current_device(&dev);
+    if (rc)
+        return rc;
+    fake_sim_drain(dev);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuCtxSynchronize)
+
+CUresult impl_cuGetExportTable(const void **table, const CUuuid *id)
+{
+    (void)table, (void)id;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+FAKE_EXPORT(cuGetExportTable)
+
+int fakeCuda_getCounters(struct fake_cuda_counters *out, size_t size)
+{
+    if (!out || size != sizeof *out)
+        return -1;
+#define FAKE_CUDA_COPY(name) out->name = __atomic_load_n(&fake_counters.name, __ATOMIC_RELAXED);
+    FAKE_CUDA_COUNTERS(FAKE_CUDA_COPY)
+#undef FAKE_CUDA_COPY
+    return 0;
+}

@@ -1,0 +1,365 @@
+/* Fake driver: device memory. Allocations hand out made-up addresses and take the bytes from the simulated
+ * GPU's shared `mem_used_bytes`, so every process on the fake node sees the same free memory. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda_api.h"
+
+#define PITCH_ALIGN 512
+#define HANDLE_TAG (1ULL << 62)
+
+enum kind { K_DEVICE = 1, K_HOST = 2 };
+
+struct entry {
+    uint64_t key; /* 0 = empty */
+    uint64_t bytes;
+    int dev;      /* CUDA ordinal charged, -1 for host memory */
+};
+
+static struct {
+    pthread_mutex_t lock;
+    struct entry *slots;
+    size_t cap, count;
+} map = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+static uint64_t next_address = 0x7f0000000000ULL;
+static uint64_t next_handle = 1;
+
+struct fake_pool {
+    CUmemLocation location;
+};
+
+static size_t slot_of(uint64_t key, size_t cap)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & (cap - 1);
+}
+
+static int map_grow(void)
+{
+    size_t cap = map.cap ? map.cap * 2 : 1024;
+    struct entry *slots = calloc(cap, sizeof *slots);
+    if (!slots)
+        return -1;
+    for (size_t i = 0; i < map.cap; i++) {
+        if (!map.slots[i].key)
+            continue;
+        size_t j = slot_of(map.slots[i].key, cap);
+        while (slots[j].key)
+            j = (j + 1) & (cap - 1);
+        slots[j] = map.slots[i];
+    }
+    free(map.slots);
+    map.slots = slots;
+    map.cap = cap;
+    return 0;
+}
+
+static int map_put(uint64_t key, uint64_t bytes, int dev)
+{
+    pthread_mutex_lock(&map.lock);
+    int rc = 0;
+    if ((map.count + 1) * 2 > map.cap && map_grow()) {
+        rc = -1;
+    } else {
+        size_t i = slot_of(key, map.cap);
+        while (map.slots[i].key)
+            i = (i + 1) & (map.cap - 1);
+        map.slots[i] = (struct entry){key, bytes, dev};
+        map.count++;
+    }
+    pthread_mutex_unlock(&map.lock);
+    return rc;
+}
+
+/* Remove key; 1 and *out when it was there. Backward-shift deletion keeps probe chains whole. */
+static int map_take(uint64_t key, struct entry *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&map.lock);
+    if (map.cap) {
+        size_t i = slot_of(key, map.cap);
+        while (map.slots[i].key && map.slots[i].key != key)
+            i = (i + 1) & (map.cap - 1);
+        if (map.slots[i].key == key) {
+            *out = map.slots[i];
+            found = 1;
+            map.count--;
+            size_t hole = i;
+            for (size_t j = (i + 1) & (map.cap - 1); map.slots[j].key; j = (j + 1) & (map.cap - 1)) {
+                size_t home = slot_of(map.slots[j].key, map.cap);
+                if (((j - home) & (map.cap - 1)) >= ((j - hole) & (map.cap - 1))) {
+                    map.slots[hole] = map.slots[j];
+                    hole = j;
+                }
+            }
+            map.slots[hole].key = 0;
+        }
+    }
+    pthread_mutex_unlock(&map.lock);
+    return found;
+}
+
+static void child_after_fork(void)
+{
+    pthread_mutex_init(&map.lock, NULL);
+    free(map.slots);
+    map.slots = NULL;
+    map.cap = map.count = 0;
+    __atomic_store_n(&fake_counters.live_bytes, 0, __ATOMIC_RELAXED);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+/* A process that ends gives its memory back, as the real driver does (a killed one keeps it charged in the
+ * state file: tests that kill processes size the fake GPU for that). */
+__attribute__((destructor)) static void release_all(void)
+{
+    if (!fake_state)
+        return;
+    pthread_mutex_lock(&map.lock);
+    for (size_t i = 0; i < map.cap; i++)
+        if (map.slots[i].key && map.slots[i].dev >= 0)
+            fake_mem_give(map.slots[i].dev, map.slots[i].bytes);
+    map.count = 0;
+    if (map.slots)
+        memset(map.slots, 0, map.cap * sizeof *map.slots);
+    pthread_mutex_unlock(&map.lock);
+}
+
+CUresult fake_mem_take(int dev, uint64_t bytes)
+{
+    const struct fake_gpu_info *g = &fake_devices[dev].info;
+    uint64_t cap = g->memory_bytes - g->reserved_bytes;
+    uint64_t *used = &fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes;
+    uint64_t cur = __atomic_load_n(used, __ATOMIC_RELAXED);
+    do {
+        if (bytes > cap || cur > cap - bytes)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!__atomic_compare_exchange_n(used, &cur, cur + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    return CUDA_SUCCESS;
+}
+
+void fake_mem_give(int dev, uint64_t bytes)
+{
+    __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
+}
+
+/* Allocate `bytes` on dev (-1: host memory, not charged) and return its address. */
+static CUresult allocate(CUdeviceptr *dptr, uint64_t bytes, int dev)
+{
+    if (!dptr || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = dev >= 0 ? fake_mem_take(dev, bytes) : CUDA_SUCCESS;
+    if (rc)
+        return rc;
+    uint64_t span = (bytes + PITCH_ALIGN - 1) & ~(uint64_t)(PITCH_ALIGN - 1);
+    uint64_t addr = __atomic_fetch_add(&next_address, span, __ATOMIC_RELAXED);
+    if (map_put(addr, bytes, dev)) {
+        if (dev >= 0)
+            fake_mem_give(dev, bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    __atomic_fetch_add(&fake_counters.live_bytes, bytes, __ATOMIC_RELAXED);
+    *dptr = addr;
+    return CUDA_SUCCESS;
+}
+
+static CUresult release(uint64_t key)
+{
+    struct entry e;
+    if (!map_take(key, &e))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (e.dev >= 0)
+        fake_mem_give(e.dev, e.bytes);
+    __atomic_fetch_sub(&fake_counters.live_bytes, e.bytes, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult on_current(CUdeviceptr *dptr, size_t bytes)
+{
+    int dev;
+    CUresult rc = fake_current_device(&dev);
+    return rc ? rc : allocate(dptr, bytes, dev);
+}
+
+CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    FAKE_COUNT(mem_alloc);
+    return on_current(dptr, bytesize);
+}
+FAKE_EXPORT(cuMemAlloc_v2)
+
+CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem)
+{
+    FAKE_COUNT(mem_alloc_pitch);
+    if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + PITCH_ALIGN - 1) & ~(size_t)(PITCH_ALIGN - 1);
+    CUresult rc = on_current(dptr, p * height);
+    if (rc == CUDA_SUCCESS)
+        *pitch = p;
+    return rc;
+}
+FAKE_EXPORT(cuMemAllocPitch_v2)
+
+CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    (void)flags;
+    FAKE_COUNT(mem_alloc_managed);
+    return on_current(dptr, bytesize);
+}
+FAKE_EXPORT(cuMemAllocManaged)
+
+CUresult impl_cuMemFree_v2(CUdeviceptr dptr)
+{
+    FAKE_COUNT(mem_free);
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return release(dptr);
+}
+FAKE_EXPORT(cuMemFree_v2)
+
+CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    (void)stream;
+    FAKE_COUNT(mem_alloc_async);
+    return on_current(dptr, bytesize);
+}
+FAKE_EXPORT(cuMemAllocAsync)
+
+CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    (void)stream;
+    FAKE_COUNT(mem_alloc_async_ptsz);
+    return on_current(dptr, bytesize);
+}
+FAKE_EXPORT(cuMemAllocAsync_ptsz)
+
+static CUresult from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool)
+{
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct fake_pool *p = (struct fake_pool *)pool;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return allocate(dptr, bytesize, p->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->location.id : -1);
+}
+
+CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
+{
+    (void)stream;
+    FAKE_COUNT(mem_alloc_pool);
+    return from_pool(dptr, bytesize, pool);
+}
+FAKE_EXPORT(cuMemAllocFromPoolAsync)
+
+CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
+{
+    (void)stream;
+    FAKE_COUNT(mem_alloc_pool_ptsz);
+    return from_pool(dptr, bytesize, pool);
+}
+FAKE_EXPORT(cuMemAllocFromPoolAsync_ptsz)
+
+CUresult impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+    (void)stream;
+    FAKE_COUNT(mem_free_async);
+    return fake_initialised ? release(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+FAKE_EXPORT(cuMemFreeAsync)
+
+CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    (void)stream;
+    FAKE_COUNT(mem_free_async_ptsz);
+    return fake_initialised ? release(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+FAKE_EXPORT(cuMemFreeAsync_ptsz)
+
+CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || !props)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        (props->location.id < 0 || props->location.id >= fake_device_count))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct fake_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->location = props->location;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuMemPoolCreate)
+
+CUresult impl_cuMemPoolDestroy(CUmemoryPool pool)
+{
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(pool);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuMemPoolDestroy)
+
+CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                          unsigned long long flags)
+{
+    (void)flags;
+    FAKE_COUNT(mem_create);
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle || !prop || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (prop->location.id < 0 || prop->location.id >= fake_device_count)
+            return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+    }
+    CUresult rc = dev >= 0 ? fake_mem_take(dev, size) : CUDA_SUCCESS;
+    if (rc)
+        return rc;
+    uint64_t h = HANDLE_TAG | __atomic_fetch_add(&next_handle, 1, __ATOMIC_RELAXED);
+    if (map_put(h, size, dev)) {
+        if (dev >= 0)
+            fake_mem_give(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    __atomic_fetch_add(&fake_counters.live_bytes, size, __ATOMIC_RELAXED);
+    *handle = h;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuMemCreate)
+
+CUresult impl_cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    FAKE_COUNT(mem_release);
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return (handle & HANDLE_TAG) ? release(handle) : CUDA_ERROR_INVALID_VALUE;
+}
+FAKE_EXPORT(cuMemRelease)
+
+CUresult impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    int dev;
+    CUresult rc = fake_current_device(&dev);
+    if (rc)
+        return rc;
+    if (!free_bytes || !total_bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct fake_gpu_info *g = &fake_devices[dev].info;
+    uint64_t used = __atomic_load_n(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes,
+                                    __ATOMIC_RELAXED) + g->reserved_bytes;
+    *total_bytes = g->memory_bytes;
+    *free_bytes = used < g->memory_bytes ? g->memory_bytes - used : 0;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuMemGetInfo_v2)

@@ -1,0 +1,100 @@
+/* Fake driver: cuGetProcAddress. Callers ask for a base name ("cuMemAlloc", "cuLaunchKernel") with the CUDA
+ * version they were built for and stream flags; the driver answers with the matching versioned entry point and,
+ * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, the per-thread-stream (_ptsz) variant. The addresses are
+ * those of the hidden implementations, not of the exported (interposable) names. */
+#include <string.h>
+
+#include "fake_cuda_api.h"
+
+/* One row per (base name, since-version): the legacy-stream and per-thread-stream entry points. Rows of one
+ * name are ordered newest first. */
+struct proc {
+    const char *name;
+    int since;
+    void *legacy;
+    void *ptsz;
+};
+
+#define P(name, since, fn) {name, since, (void *)&impl_##fn, (void *)&impl_##fn}
+#define S(name, since, fn) {name, since, (void *)&impl_##fn, (void *)&impl_##fn##_ptsz}
+
+static const struct proc procs[] = {
+    P("cuInit", 2000, cuInit),
+    P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    P("cuGetProcAddress", 11030, cuGetProcAddress),
+    P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    P("cuDeviceGet", 2000, cuDeviceGet),
+    P("cuDeviceGetName", 2000, cuDeviceGetName),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    P("cuCtxCreate", 11040, cuCtxCreate_v3),
+    P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuGetExportTable", 3000, cuGetExportTable),
+    P("cuMemAlloc", 3020, cuMemAlloc_v2),
+    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    P("cuMemFree", 3020, cuMemFree_v2),
+    S("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    S("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    S("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    P("cuMemCreate", 10020, cuMemCreate),
+    P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    S("cuLaunchKernel", 4000, cuLaunchKernel),
+    S("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    S("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    S("cuGraphLaunch", 10000, cuGraphLaunch),
+    S("cuStreamSynchronize", 2000, cuStreamSynchronize),
+};
+
+void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low)
+{
+    *version_too_low = 0;
+    if (!symbol)
+        return NULL;
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        if (strcmp(procs[i].name, symbol))
+            continue;
+        if (version < procs[i].since) {
+            *version_too_low = 1;
+            continue;
+        }
+        *version_too_low = 0;
+        return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? procs[i].ptsz : procs[i].legacy;
+    }
+    return NULL;
+}
+
+CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                  CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    int too_low;
+    void *p = fake_proc_lookup(symbol, version, flags, &too_low);
+    *pfn = p;
+    if (status)
+        *status = p ? CU_GET_PROC_ADDRESS_SUCCESS
+                    : too_low ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+FAKE_EXPORT(cuGetProcAddress_v2)
+
+CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return impl_cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+FAKE_EXPORT(cuGetProcAddress)

@@ -1,0 +1,74 @@
+/* Accounting across the processes of one container: a small file mapped shared by all of them
+ * (CUDA_DEVICE_MEMORY_SHARED_CACHE). Each process owns one slot with its bytes per GPU; a GPU's usage is the
+ * sum over slots. Reservations are lock-free (atomic add, then check the sum: two racing processes may both
+ * back off, neither can overshoot). The fcntl record lock, which the kernel drops when its holder dies, guards
+ * only slot and GPU registration and the reaping of slots whose process is gone (pid plus start time, so a
+ * reused pid is not mistaken for the old process). */
+#ifndef GS_REGION_H
+#define GS_REGION_H
+
+#include <stdint.h>
+
+#include "gs_parse.h"
+
+#define GS_REGION_MAGIC 0x3147455248534753ULL /* "GSHREG1" + 0x31 read as little-endian */
+#define GS_REGION_VERSION 1u
+#define GS_REGION_SLOTS 256
+#define GS_REGION_DEVICES 16
+
+struct gs_region_device {
+    char uuid[GS_UUID_LEN]; /* "" = unused */
+    uint64_t limit;         /* informational: the limit the last registering process applied */
+};
+
+struct gs_slot {
+    int32_t pid;            /* 0 = free; written last on registration, first cleared on reaping */
+    int32_t reserved;
+    uint64_t start_time;    /* field 22 of /proc/<pid>/stat */
+    uint64_t used[GS_REGION_DEVICES];
+    uint64_t pad[6];        /* 192 bytes: slots do not share cache lines */
+};
+
+struct gs_region {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t ndevices;      /* entries of dev[] in use */
+    uint32_t nslots;        /* slots in use are below this */
+    uint32_t reserved[11];
+    struct gs_region_device dev[GS_REGION_DEVICES];
+    struct gs_slot slots[GS_REGION_SLOTS];
+};
+
+/* Map the file at path (created when missing). 0, or -1 with the reason logged. */
+int gs_region_open(const char *path);
+/* Map an existing file only (for processes that only read usage). 0, or -1. */
+int gs_region_open_existing(const char *path);
+int gs_region_ready(void);
+
+/* The region's index for the GPU with this UUID, registering it when `create`. -1 when absent or full. */
+int gs_region_device(const char *uuid, int create, uint64_t limit);
+/* Limit recorded for a region device (0 when none). */
+uint64_t gs_region_device_limit(int rd);
+
+/* Reserve bytes on region device rd for this process, keeping the container's total within limit (0 = none).
+ * 0 on success, -1 when it does not fit (dead processes' slots are reaped and the check retried first). */
+int gs_region_reserve(int rd, uint64_t bytes, uint64_t limit);
+void gs_region_release(int rd, uint64_t bytes);
+/* Bytes the container uses on rd. */
+uint64_t gs_region_usage(int rd);
+/* Free the slots of processes that are gone. Returns how many. */
+int gs_region_reap(void);
+/* Reap at most once a second (for views that are read often). */
+void gs_region_reap_lazily(void);
+
+/* This process's slot goes back (process exit). */
+void gs_region_detach(void);
+/* In a forked child: forget the parent's slot and locks. */
+void gs_region_after_fork_child(void);
+
+/* The cross-process lock (exposed for tests that kill a holder). */
+void gs_region_lock(void);
+void gs_region_unlock(void);
+struct gs_region *gs_region_map(void);
+
+#endif /* GS_REGION_H */

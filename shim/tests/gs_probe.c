@@ -1,0 +1,501 @@
+/* A CUDA program driven from the command line, for the shim's tests: it reaches the driver the way real
+ * programs do (see gs_probe.h) and runs a list of steps, printing one JSON object per step on stdout.
+ *
+ *   gs_probe MODE STEP...        MODE: gpa | gpa-ptsz | dlsym | linked (gs_probe_linked only)
+ *
+ * Steps (sizes take k/m/g suffixes, powers of 1024):
+ *   init                   cuInit + device count          ctx D         retain GPU D's primary context, make current
+ *   alloc|managed|async|pool|hostpool|create|createhost SIZE     one allocation of that kind (kept)
+ *   pitch W H              cuMemAllocPitch_v2              free / freeall  free the newest / every allocation kept
+ *   fill KIND CHUNK        allocate CHUNKs of KIND until one fails; report the bytes obtained
+ *   meminfo                cuMemGetInfo_v2                 totalmem D    cuDeviceTotalMem_v2
+ *   nvml I                 nvmlDeviceGetMemoryInfo and _v2 of NVML device I (library: $GS_PROBE_LIBNVML)
+ *   launch|launchex|coop|graph N GRID                       N launches of GRID blocks
+ *   launchfor KIND MS GRID launches of KIND for MS milliseconds, with per-100-ms counts
+ *   forkfill N KIND CHUNK  fork N children that each fill; the parent reports what each obtained
+ *   counters               the fake driver's counters      stats D       the shim's throttle counters for GPU D
+ *   ready                  print {"op":"ready"} and wait for a line on stdin     sleep MS
+ * libcuda: $GS_PROBE_LIBCUDA (default libcuda.so.1). Exit status 0 unless the command line is wrong.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda/fake_cuda_counters.h"
+#include "gs_probe.h"
+
+#ifdef GS_PROBE_LINKED
+#define DECLARE(field, name, base, ret, params) ret name params;
+PROBE_CUDA(DECLARE)
+#undef DECLARE
+#endif
+
+#define FIELD(field, name, base, ret, params) ret(*field) params;
+static struct {
+    PROBE_CUDA(FIELD)
+} cu;
+#undef FIELD
+
+static void *libcuda;
+static const char *mode;
+
+static void die(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "gs_probe: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+static void load(void)
+{
+    const char *path = getenv("GS_PROBE_LIBCUDA");
+    libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!libcuda)
+        die("cannot load libcuda: %s", dlerror());
+    if (!strcmp(mode, "linked")) {
+#ifdef GS_PROBE_LINKED
+#define TAKE(field, name, base, ret, params) cu.field = name;
+        PROBE_CUDA(TAKE)
+#undef TAKE
+        return;
+#else
+        die("mode %s needs gs_probe_linked", mode);
+#endif
+    }
+    if (!strcmp(mode, "dlsym")) {
+#define TAKE(field, name, base, ret, params) cu.field = (ret(*) params)dlsym(libcuda, #name);
+        PROBE_CUDA(TAKE)
+#undef TAKE
+        return;
+    }
+    cuuint64_t flags;
+    if (!strcmp(mode, "gpa"))
+        flags = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+    else if (!strcmp(mode, "gpa-ptsz"))
+        flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    else
+        die("unknown mode %s (gpa, gpa-ptsz, dlsym, linked)", mode);
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))dlsym(
+            libcuda, "cuGetProcAddress_v2");
+    if (!gpa)
+        die("no cuGetProcAddress_v2 in %s", "libcuda");
+    CUdriverProcAddressQueryResult status;
+#define TAKE(field, name, base, ret, params)                      \
+    {                                                             \
+        void *p = NULL;                                           \
+        gpa(base, &p, 12080, flags, &status);                     \
+        cu.field = (ret(*) params)p;                              \
+    }
+    PROBE_CUDA(TAKE)
+#undef TAKE
+}
+
+static uint64_t size_arg(const char *s)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (*end || end == s)
+        die("not a size: %s", s);
+    return v;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* --- allocations kept by the probe ------------------------------------------------------------------------ */
+enum kind { PLAIN, MANAGED, ASYNC, POOL, HOSTPOOL, CREATE, CREATEHOST, PITCH };
+static const char *const kind_names[] = {"alloc", "managed", "async", "pool", "hostpool", "create", "createhost",
+                                         "pitch"};
+
+struct held {
+    enum kind kind;
+    uint64_t handle; /* pointer, or cuMemCreate handle */
+    uint64_t bytes;
+};
+static struct held *held;
+static size_t nheld, capheld;
+static CUmemoryPool device_pool, host_pool;
+static int current_device;
+
+static int kind_of(const char *name)
+{
+    for (int k = 0; k <= PITCH; k++)
+        if (!strcmp(kind_names[k], name))
+            return k;
+    return -1;
+}
+
+static CUresult allocate(enum kind kind, uint64_t bytes, uint64_t *handle)
+{
+    CUdeviceptr p = 0;
+    CUresult rc;
+    switch (kind) {
+    case PLAIN:
+        rc = cu.mem_alloc(&p, bytes);
+        break;
+    case MANAGED:
+        rc = cu.mem_alloc_managed(&p, bytes, 1);
+        break;
+    case ASYNC:
+        rc = cu.mem_alloc_async(&p, bytes, NULL);
+        break;
+    case POOL:
+    case HOSTPOOL: {
+        CUmemoryPool *pool = kind == POOL ? &device_pool : &host_pool;
+        if (!*pool) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = 1;
+            props.location.type = kind == POOL ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+            props.location.id = current_device;
+            /* the real struct is longer: pass a zeroed buffer of the full size */
+            unsigned char buf[128];
+            memset(buf, 0, sizeof buf);
+            memcpy(buf, &props, sizeof props);
+            rc = cu.pool_create(pool, (const CUmemPoolProps *)buf);
+            if (rc)
+                return rc;
+        }
+        rc = cu.mem_alloc_pool(&p, bytes, *pool, NULL);
+        break;
+    }
+    case CREATE:
+    case CREATEHOST: {
+        unsigned char buf[64];
+        memset(buf, 0, sizeof buf);
+        CUmemAllocationProp *prop = (CUmemAllocationProp *)buf;
+        prop->type = 1;
+        prop->location.type = kind == CREATE ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+        prop->location.id = current_device;
+        CUmemGenericAllocationHandle h = 0;
+        rc = cu.mem_create(&h, bytes, prop, 0);
+        p = h;
+        break;
+    }
+    case PITCH:
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *handle = p;
+    return rc;
+}
+
+static void keep(enum kind kind, uint64_t handle, uint64_t bytes)
+{
+    if (nheld == capheld) {
+        capheld = capheld ? capheld * 2 : 64;
+        held = realloc(held, capheld * sizeof *held);
+    }
+    held[nheld++] = (struct held){kind, handle, bytes};
+}
+
+static CUresult release(const struct held *h)
+{
+    switch (h->kind) {
+    case ASYNC:
+    case POOL:
+    case HOSTPOOL:
+        return cu.mem_free_async(h->handle, NULL);
+    case CREATE:
+    case CREATEHOST:
+        return cu.mem_release(h->handle);
+    default:
+        return cu.mem_free(h->handle);
+    }
+}
+
+static uint64_t fill(enum kind kind, uint64_t chunk, CUresult *last, int *count)
+{
+    uint64_t total = 0, handle;
+    *count = 0;
+    while ((*last = allocate(kind, chunk, &handle)) == CUDA_SUCCESS) {
+        keep(kind, handle, chunk);
+        total += chunk;
+        ++*count;
+    }
+    return total;
+}
+
+/* --- launches -------------------------------------------------------------------------------------------------- */
+static CUresult launch_one(const char *kind, unsigned grid)
+{
+    if (!strcmp(kind, "launch"))
+        return cu.launch(NULL, grid, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    if (!strcmp(kind, "coop"))
+        return cu.launch_coop(NULL, grid, 1, 1, 128, 1, 1, 0, NULL, NULL);
+    if (!strcmp(kind, "launchex")) {
+        CUlaunchConfig cfg = {grid, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+        return cu.launch_ex(&cfg, NULL, NULL, NULL);
+    }
+    if (!strcmp(kind, "graph"))
+        return cu.graph_launch(NULL, NULL);
+    die("unknown launch kind %s", kind);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static void print_counters(void)
+{
+    int (*get)(struct fake_cuda_counters *, size_t) =
+        (int (*)(struct fake_cuda_counters *, size_t))dlsym(libcuda, "fakeCuda_getCounters");
+    struct fake_cuda_counters c;
+    if (!get || get(&c, sizeof c)) {
+        printf("{\"op\":\"counters\",\"rc\":-1}\n");
+        return;
+    }
+    printf("{\"op\":\"counters\",\"rc\":0");
+#define PRINT(name) printf(",\"%s\":%llu", #name, (unsigned long long)c.name);
+    FAKE_CUDA_COUNTERS(PRINT)
+#undef PRINT
+    printf("}\n");
+}
+
+struct throttle_stats {
+    int64_t rate;
+    uint64_t spent, draws, waits;
+    int active, sm_limit;
+};
+
+static void print_stats(int dev)
+{
+    int (*get)(int, struct throttle_stats *) =
+        (int (*)(int, struct throttle_stats *))dlsym(RTLD_DEFAULT, "gpushare_throttle_stats");
+    struct throttle_stats s;
+    if (!get || get(dev, &s)) {
+        printf("{\"op\":\"stats\",\"shim\":false}\n");
+        return;
+    }
+    printf("{\"op\":\"stats\",\"shim\":true,\"rate\":%lld,\"spent\":%llu,\"draws\":%llu,\"waits\":%llu,"
+           "\"active\":%d,\"sm_limit\":%d}\n",
+           (long long)s.rate, (unsigned long long)s.spent, (unsigned long long)s.draws,
+           (unsigned long long)s.waits, s.active, s.sm_limit);
+}
+
+static void nvml_info(int index)
+{
+    const char *path = getenv("GS_PROBE_LIBNVML");
+    void *h = dlopen(path && *path ? path : "libnvidia-ml.so.1", RTLD_NOW);
+    if (!h) {
+        printf("{\"op\":\"nvml\",\"rc\":-1,\"error\":\"cannot load NVML\"}\n");
+        return;
+    }
+    int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
+    int (*by_index)(unsigned, nvmlDevice_t *) = (int (*)(unsigned, nvmlDevice_t *))dlsym(h,
+                                                                                            "nvmlDeviceGetHandleByIndex_v2");
+    int (*info)(nvmlDevice_t, nvmlMemory_t *) = (int (*)(nvmlDevice_t, nvmlMemory_t *))dlsym(h,
+                                                                                             "nvmlDeviceGetMemoryInfo");
+    int (*info2)(nvmlDevice_t, nvmlMemory_v2_t *) =
+        (int (*)(nvmlDevice_t, nvmlMemory_v2_t *))dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
+    nvmlDevice_t dev;
+    nvmlMemory_t m = {0, 0, 0};
+    nvmlMemory_v2_t m2;
+    memset(&m2, 0, sizeof m2);
+    m2.version = nvmlMemory_v2;
+    int rc = init ? init() : -1;
+    if (!rc)
+        rc = by_index ? by_index((unsigned)index, &dev) : -1;
+    int rc1 = rc ? rc : info(dev, &m);
+    int rc2 = rc ? rc : info2(dev, &m2);
+    printf("{\"op\":\"nvml\",\"rc\":%d,\"total\":%llu,\"free\":%llu,\"used\":%llu,\"rc_v2\":%d,\"total_v2\":%llu,"
+           "\"free_v2\":%llu,\"used_v2\":%llu,\"reserved_v2\":%llu}\n",
+           rc1, m.total, m.free, m.used, rc2, m2.total, m2.free, m2.used, m2.reserved);
+}
+
+static void forkfill(int n, enum kind kind, uint64_t chunk)
+{
+    int fds[2];
+    if (pipe(fds))
+        die("pipe: %s", strerror(errno));
+    int go[2];
+    if (pipe(go))
+        die("pipe: %s", strerror(errno));
+    pid_t pids[64];
+    for (int i = 0; i < n && i < 64; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            close(fds[0]);
+            close(go[1]);
+            char c;
+            if (read(go[0], &c, 1) < 0) /* start together */
+                _exit(3);
+            CUcontext ctx;
+            CUresult rc = cu.ctx_retain(&ctx, current_device);
+            if (!rc)
+                rc = cu.ctx_set(ctx);
+            CUresult last = rc;
+            int count = 0;
+            uint64_t got = rc ? 0 : fill(kind, chunk, &last, &count);
+            char line[128];
+            int len = snprintf(line, sizeof line, "%d %llu %d\n", (int)getpid(), (unsigned long long)got, last);
+            if (write(fds[1], line, (size_t)len) < 0)
+                _exit(3);
+            pause(); /* hold the memory until the parent ends us */
+            _exit(0);
+        }
+    }
+    close(fds[1]);
+    close(go[0]);
+    close(go[1]); /* EOF releases every child at once */
+    FILE *f = fdopen(fds[0], "r");
+    printf("{\"op\":\"forkfill\",\"children\":[");
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int pid, last;
+        unsigned long long got;
+        if (fscanf(f, "%d %llu %d", &pid, &got, &last) != 3)
+            break;
+        total += got;
+        printf("%s{\"pid\":%d,\"bytes\":%llu,\"rc\":%d}", i ? "," : "", pid, got, last);
+    }
+    printf("],\"total\":%llu}\n", (unsigned long long)total);
+    fflush(stdout);
+    for (int i = 0; i < n; i++) {
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], NULL, 0);
+    }
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        die("usage: gs_probe MODE STEP... (see the source)%s", "");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    mode = argv[1];
+    load();
+    for (int i = 2; i < argc; i++) {
+        const char *op = argv[i];
+#define ARG() (i + 1 < argc ? argv[++i] : (die("%s needs an argument", op), ""))
+        int k;
+        if (!strcmp(op, "init")) {
+            int n = 0;
+            CUresult rc = cu.init(0);
+            if (!rc)
+                rc = cu.device_count(&n);
+            printf("{\"op\":\"init\",\"rc\":%d,\"devices\":%d}\n", rc, n);
+        } else if (!strcmp(op, "ctx")) {
+            current_device = atoi(ARG());
+            CUcontext ctx = NULL;
+            CUresult rc = cu.ctx_retain(&ctx, current_device);
+            if (!rc)
+                rc = cu.ctx_set(ctx);
+            printf("{\"op\":\"ctx\",\"rc\":%d,\"device\":%d}\n", rc, current_device);
+        } else if ((k = kind_of(op)) >= 0 && k != PITCH) {
+            uint64_t bytes = size_arg(ARG()), handle = 0;
+            CUresult rc = allocate((enum kind)k, bytes, &handle);
+            if (!rc)
+                keep((enum kind)k, handle, bytes);
+            printf("{\"op\":\"%s\",\"rc\":%d,\"bytes\":%llu}\n", op, rc, (unsigned long long)bytes);
+        } else if (!strcmp(op, "pitch")) {
+            uint64_t w = size_arg(ARG()), h = size_arg(ARG());
+            CUdeviceptr p = 0;
+            size_t pitch = 0;
+            CUresult rc = cu.mem_alloc_pitch(&p, &pitch, w, h, 4);
+            if (!rc)
+                keep(PITCH, p, pitch * h);
+            printf("{\"op\":\"pitch\",\"rc\":%d,\"pitch\":%zu,\"bytes\":%llu}\n", rc, pitch,
+                   (unsigned long long)(pitch * h));
+        } else if (!strcmp(op, "free")) {
+            CUresult rc = nheld ? release(&held[--nheld]) : CUDA_ERROR_INVALID_VALUE;
+            printf("{\"op\":\"free\",\"rc\":%d}\n", rc);
+        } else if (!strcmp(op, "freeall")) {
+            CUresult worst = CUDA_SUCCESS;
+            while (nheld) {
+                CUresult rc = release(&held[--nheld]);
+                if (rc)
+                    worst = rc;
+            }
+            printf("{\"op\":\"freeall\",\"rc\":%d}\n", worst);
+        } else if (!strcmp(op, "fill")) {
+            int kind = kind_of(ARG());
+            if (kind < 0 || kind == PITCH)
+                die("fill: unknown kind %s", argv[i]);
+            uint64_t chunk = size_arg(ARG());
+            CUresult last;
+            int count;
+            uint64_t got = fill((enum kind)kind, chunk, &last, &count);
+            printf("{\"op\":\"fill\",\"rc\":%d,\"bytes\":%llu,\"count\":%d}\n", last, (unsigned long long)got, count);
+        } else if (!strcmp(op, "meminfo")) {
+            size_t f = 0, t = 0;
+            CUresult rc = cu.mem_get_info(&f, &t);
+            printf("{\"op\":\"meminfo\",\"rc\":%d,\"free\":%zu,\"total\":%zu}\n", rc, f, t);
+        } else if (!strcmp(op, "totalmem")) {
+            size_t t = 0;
+            CUresult rc = cu.total_mem(&t, atoi(ARG()));
+            printf("{\"op\":\"totalmem\",\"rc\":%d,\"total\":%zu}\n", rc, t);
+        } else if (!strcmp(op, "nvml")) {
+            nvml_info(atoi(ARG()));
+        } else if (!strcmp(op, "launch") || !strcmp(op, "launchex") || !strcmp(op, "coop") || !strcmp(op, "graph")) {
+            long n = atol(ARG());
+            unsigned grid = (unsigned)atol(ARG());
+            CUresult rc = CUDA_SUCCESS;
+            for (long j = 0; j < n && !rc; j++)
+                rc = launch_one(op, grid);
+            printf("{\"op\":\"%s\",\"rc\":%d,\"n\":%ld}\n", op, rc, n);
+        } else if (!strcmp(op, "launchfor")) {
+            const char *kind = ARG();
+            uint64_t ms = size_arg(ARG());
+            unsigned grid = (unsigned)atol(ARG());
+            uint64_t start = now_ns(), end = start + ms * 1000000ULL, next = start + 100000000ULL;
+            long n = 0, bucket = 0;
+            CUresult rc = CUDA_SUCCESS;
+            printf("{\"op\":\"launchfor\",\"per_100ms\":[");
+            int first = 1;
+            for (uint64_t t = start; t < end && !rc; t = now_ns()) {
+                rc = launch_one(kind, grid);
+                n++, bucket++;
+                if (t >= next) {
+                    printf("%s%ld", first ? "" : ",", bucket);
+                    first = 0;
+                    bucket = 0;
+                    next += 100000000ULL;
+                }
+            }
+            printf("],\"rc\":%d,\"n\":%ld,\"seconds\":%.3f}\n", rc, n, (double)(now_ns() - start) / 1e9);
+        } else if (!strcmp(op, "forkfill")) {
+            int n = atoi(ARG());
+            int kind = kind_of(ARG());
+            uint64_t chunk = size_arg(ARG());
+            fflush(stdout);
+            forkfill(n, (enum kind)kind, chunk);
+        } else if (!strcmp(op, "counters")) {
+            print_counters();
+        } else if (!strcmp(op, "stats")) {
+            print_stats(atoi(ARG()));
+        } else if (!strcmp(op, "sync")) {
+            printf("{\"op\":\"sync\",\"rc\":%d}\n", cu.sync());
+        } else if (!strcmp(op, "ready")) {
+            printf("{\"op\":\"ready\"}\n");
+            fflush(stdout);
+            char line[16];
+            if (!fgets(line, sizeof line, stdin))
+                break;
+        } else if (!strcmp(op, "sleep")) {
+            uint64_t ms = size_arg(ARG());
+            struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        } else {
+            die("unknown step %s", op);
+        }
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,42 @@
+/* The driver entry points the probe uses, and how it finds them:
+ *   gpa       dlopen + dlsym("cuGetProcAddress_v2"), then everything through cuGetProcAddress (the CUDA runtime's way)
+ *   gpa-ptsz  the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (per-thread default stream builds)
+ *   dlsym     dlopen + dlsym of each versioned name
+ *   linked    plain calls bound by the dynamic linker (gs_probe_linked only) */
+#ifndef GS_PROBE_H
+#define GS_PROBE_H
+
+#include "gs_cuda_types.h"
+
+/* X(field, name for dlsym, base name for cuGetProcAddress, return type, parameters) */
+#define PROBE_CUDA(X)                                                                                           \
+    X(init, cuInit, "cuInit", CUresult, (unsigned int))                                                        \
+    X(device_count, cuDeviceGetCount, "cuDeviceGetCount", CUresult, (int *))                                   \
+    X(ctx_retain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult, (CUcontext *, CUdevice))     \
+    X(ctx_set, cuCtxSetCurrent, "cuCtxSetCurrent", CUresult, (CUcontext))                                      \
+    X(mem_alloc, cuMemAlloc_v2, "cuMemAlloc", CUresult, (CUdeviceptr *, size_t))                               \
+    X(mem_alloc_pitch, cuMemAllocPitch_v2, "cuMemAllocPitch", CUresult,                                         \
+      (CUdeviceptr *, size_t *, size_t, size_t, unsigned int))                                                  \
+    X(mem_alloc_managed, cuMemAllocManaged, "cuMemAllocManaged", CUresult, (CUdeviceptr *, size_t, unsigned int)) \
+    X(mem_free, cuMemFree_v2, "cuMemFree", CUresult, (CUdeviceptr))                                            \
+    X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync", CUresult, (CUdeviceptr *, size_t, CUstream))        \
+    X(mem_alloc_pool, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", CUresult,                             \
+      (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                                          \
+    X(mem_free_async, cuMemFreeAsync, "cuMemFreeAsync", CUresult, (CUdeviceptr, CUstream))                     \
+    X(pool_create, cuMemPoolCreate, "cuMemPoolCreate", CUresult, (CUmemoryPool *, const CUmemPoolProps *))     \
+    X(mem_create, cuMemCreate, "cuMemCreate", CUresult,                                                         \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))               \
+    X(mem_release, cuMemRelease, "cuMemRelease", CUresult, (CUmemGenericAllocationHandle))                     \
+    X(mem_get_info, cuMemGetInfo_v2, "cuMemGetInfo", CUresult, (size_t *, size_t *))                           \
+    X(total_mem, cuDeviceTotalMem_v2, "cuDeviceTotalMem", CUresult, (size_t *, CUdevice))                      \
+    X(launch, cuLaunchKernel, "cuLaunchKernel", CUresult,                                                       \
+      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **,    \
+       void **))                                                                                                \
+    X(launch_ex, cuLaunchKernelEx, "cuLaunchKernelEx", CUresult,                                                \
+      (const CUlaunchConfig *, CUfunction, void **, void **))                                                   \
+    X(launch_coop, cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", CUresult,                            \
+      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **))   \
+    X(graph_launch, cuGraphLaunch, "cuGraphLaunch", CUresult, (CUgraphExec, CUstream))                        \
+    X(sync, cuCtxSynchronize, "cuCtxSynchronize", CUresult, (void))
+
+#endif /* GS_PROBE_H */
