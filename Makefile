@@ -39,5 +39,10 @@ bench: all
 	$(PY) bench/admission.py
 	$(PY) bench/restart_and_health.py
 
+# The gRPC C++ toolchain for the compiled admission client (bench/cpp), which bench/admission.py prefers.
+.PHONY: bench-deps
+bench-deps:
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev pkg-config
+
 clean:
 	rm -rf $(BUILD)
