@@ -75,13 +75,42 @@ def run(cfg: Config) -> int:
         log.error("cannot watch GPU health: %s", exc)
         daemon.stop()
         return EXIT_CONFIG
+    janitor = start_janitor(cfg, daemon)
     stop.wait()
     log.info("stopping")
+    if janitor is not None:
+        janitor.stop()
     health.stop()
     daemon.stop()
     return 0
 
 
 def shim_mounts(cfg: Config) -> MountProvider | None:
-    """The mount provider that delivers the isolation shim, per --shim."""
-    return None
+    """The mount provider that delivers the isolation shim, per --shim; ValueError when --shim on cannot hold."""
+    if cfg.shim == "off":
+        return None
+    lib = Path(cfg.shim_lib)
+    if not lib.is_file():
+        if cfg.shim == "on":
+            raise ValueError(f"--shim on but the shim library {lib} does not exist: install it (the DaemonSet's "
+                             "init container copies it) or set --shim-lib")
+        log.warning("shim library %s not found: shared containers get their limits as env only, without "
+                    "enforcement (set --shim on to refuse to start instead)", lib)
+        return None
+    from devplugin.shim_delivery import shim_provider
+    from devplugin.shim_files import ShimPaths
+
+    return shim_provider(ShimPaths(host_root=Path(cfg.shim_state_dir), host_lib=lib))
+
+
+def start_janitor(cfg: Config, daemon: Daemon) -> object | None:
+    """Clean up shim files of ended containers (at start, then every 10 minutes)."""
+    if daemon.allocator.mounts is None:
+        return None
+    from devplugin.shim_delivery import Janitor
+    from devplugin.shim_files import ShimPaths
+
+    janitor = Janitor(ShimPaths(host_root=Path(cfg.shim_state_dir), host_lib=Path(cfg.shim_lib)),
+                      cfg.pod_resources_socket, {daemon.node.resource_name(k) for k in daemon.node.kinds})
+    janitor.start()
+    return janitor

@@ -11,8 +11,11 @@ from devplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def held_devices(socket_path: str, resource_names: set[str], timeout_s: float = 3.0) -> dict[str, list[str]] | None:
-    """{resource: [device IDs held by containers]}, or None when the kubelet cannot be asked."""
+def held_devices(
+    socket_path: str, resource_names: set[str], timeout_s: float = 3.0, per_container: bool = False
+) -> dict[str, list] | None:
+    """{resource: [device IDs held by containers]} (or, per_container, {resource: [[IDs of one container]]}),
+    or None when the kubelet cannot be asked."""
     try:
         with grpc.insecure_channel(f"unix://{socket_path}") as channel:
             resp = api_pb2_grpc.PodResourcesListerStub(channel).List(
@@ -22,10 +25,16 @@ def held_devices(socket_path: str, resource_names: set[str], timeout_s: float = 
         log.warning("PodResources at %s not available (%s): assuming no devices are held yet",
                     socket_path, exc.code().name)
         return None
-    held: dict[str, list[str]] = {r: [] for r in resource_names}
+    held: dict[str, list] = {r: [] for r in resource_names}
     for pod in resp.pod_resources:
         for container in pod.containers:
-            for dev in container.devices:
+            mine: dict[str, list[str]] = {}
+            for dev in container.devices:  # the kubelet lists one entry per device (per NUMA node)
                 if dev.resource_name in held:
-                    held[dev.resource_name].extend(dev.device_ids)
+                    mine.setdefault(dev.resource_name, []).extend(dev.device_ids)
+            for resource, ids in mine.items():
+                if per_container:
+                    held[resource].append(ids)
+                else:
+                    held[resource].extend(ids)
     return held

@@ -1,0 +1,105 @@
+"""Deliver the isolation shim on Allocate: per-container limits and mounts, and cleanup of dead containers' files.
+
+`devplugin/shim_files.py` writes the files; this module turns a container's decision into limits, decides when
+the shim is mounted (per --shim), and finds which container directories are still live from PodResources.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from devplugin import contract
+from devplugin.allocator import MountProvider, MountSpec
+from devplugin.cluster.podresources import held_devices
+from devplugin.node import Node
+from devplugin.pairing import Decision, allocation_id
+from devplugin.shim_files import ShimPaths, cleanup, prepare_container
+from devplugin.units import Kind
+
+log = logging.getLogger(__name__)
+
+CLEANUP_INTERVAL_S = 600.0
+MIN_AGE_S = 600.0  # a directory younger than this may belong to a container still starting
+
+
+def limits_for(decision: Decision, node: Node) -> contract.Limits:
+    """What the shim enforces for this container: memory cap (cgpu, core_mem) and compute share (core_mem)."""
+    uuid = decision.gpus[0]
+    memory = decision.amount(Kind.MEM) * node.unit.bytes if node.isolates_memory() else 0
+    share = decision.amount(Kind.CORE) if node.isolates_compute() and decision.amount(Kind.CORE) else 100
+    return contract.Limits(devices=(contract.DeviceLimit(uuid=uuid, memory_limit=memory, sm_limit=share),))
+
+
+def shim_provider(paths: ShimPaths) -> MountProvider:
+    """A MountProvider for Allocator: writes the container's limits file and returns the shim's mounts."""
+
+    def provide(decision: Decision, node: Node) -> Sequence[MountSpec]:
+        if node.mode == "share":  # no isolation: the application limits itself from its env
+            return ()
+        mounts = prepare_container(paths, decision.alloc_id, limits_for(decision, node))
+        return tuple(MountSpec(m.container_path, m.host_path, m.read_only) for m in mounts)
+
+    return provide
+
+
+def live_allocation_ids(held: dict[str, list[list[str]]]) -> set[str]:
+    """Every allocation id a live container may own: one candidate per resource it holds."""
+    return {allocation_id(ids) for per_container in held.values() for ids in per_container if ids}
+
+
+class Janitor:
+    """Removes per-container shim files of containers the kubelet no longer knows, at start and every 10 min."""
+
+    def __init__(self, paths: ShimPaths, pod_resources_socket: str, resources: set[str],
+                 list_containers: Callable[[str, set[str]], dict[str, list[list[str]]] | None] | None = None,
+                 interval_s: float = CLEANUP_INTERVAL_S) -> None:
+        self.paths = paths
+        self.socket = pod_resources_socket
+        self.resources = resources
+        self.list_containers = list_containers or _containers_devices
+        self.interval_s = interval_s
+        self._timer: threading.Timer | None = None
+        self._stopped = threading.Event()
+
+    def sweep(self) -> list[str]:
+        held = self.list_containers(self.socket, self.resources)
+        if held is None:
+            return []  # never delete when the kubelet cannot say what is live
+        live = live_allocation_ids(held)
+        root = Path(self.paths.host_root) / "containers"
+        now = time.time()
+        if root.is_dir():
+            live |= {d.name for d in root.iterdir() if now - d.stat().st_mtime < MIN_AGE_S}
+        removed = cleanup(self.paths, live)
+        if removed:
+            log.info("removed shim files of %d ended containers", len(removed),
+                     extra={"fields": {"removed": ",".join(removed)}})
+        return removed
+
+    def start(self) -> None:
+        self._run()
+
+    def _run(self) -> None:
+        if self._stopped.is_set():
+            return
+        try:
+            self.sweep()
+        except OSError as exc:
+            log.warning("shim cleanup failed: %s", exc)
+        self._timer = threading.Timer(self.interval_s, self._run)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._timer:
+            self._timer.cancel()
+
+
+def _containers_devices(socket: str, resources: set[str]) -> dict[str, list[list[str]]] | None:
+    """{resource: [[IDs of one container], ...]} from PodResources, or None when it cannot be asked."""
+    return held_devices(socket, resources, per_container=True)  # type: ignore[return-value]
