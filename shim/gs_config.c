@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "gpushare_contract.h"
@@ -83,10 +83,9 @@ static void note_ignored_env(void)
  * cannot point the shim elsewhere. Returns 1 when a file is in force, 0 when there is none. */
 static int load_limits_file(void)
 {
-    struct stat st;
     const char *env_path = getenv(GS_ENV_LIMITS_FILE);
     const char *path = NULL;
-    if (stat(GS_CONTAINER_LIMITS_PATH, &st) == 0) {
+    if (access(GS_CONTAINER_LIMITS_PATH, F_OK) == 0) {
         path = GS_CONTAINER_LIMITS_PATH;
         if (env_path && *env_path && strcmp(env_path, path))
             GS_WARN("%s=%s is ignored: the daemon's limits file %s is mounted", GS_ENV_LIMITS_FILE, env_path, path);
@@ -109,10 +108,17 @@ static int load_limits_file(void)
     return 1;
 }
 
+static int is_directory(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+    return fd >= 0;
+}
+
 static void choose_cache_path(void)
 {
     const char *v = getenv(GS_ENV_SHARED_CACHE);
-    struct stat st;
     if (gs_cfg.from_file && !strcmp(gs_cfg.limits_path, GS_CONTAINER_LIMITS_PATH)) {
         snprintf(gs_cfg.cache_path, sizeof gs_cfg.cache_path, "%s", GS_CONTAINER_SHARED_CACHE);
         if (v && *v && strcmp(v, GS_CONTAINER_SHARED_CACHE))
@@ -120,7 +126,7 @@ static void choose_cache_path(void)
                     GS_CONTAINER_SHARED_CACHE);
     } else if (v && *v) {
         snprintf(gs_cfg.cache_path, sizeof gs_cfg.cache_path, "%s", v);
-    } else if (stat(GS_CONTAINER_STATE_DIR, &st) == 0 && S_ISDIR(st.st_mode)) {
+    } else if (is_directory(GS_CONTAINER_STATE_DIR)) {
         snprintf(gs_cfg.cache_path, sizeof gs_cfg.cache_path, "%s", GS_CONTAINER_SHARED_CACHE);
     } else {
         snprintf(gs_cfg.cache_path, sizeof gs_cfg.cache_path, "/tmp/gpushare-usage.cache");

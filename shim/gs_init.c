@@ -35,15 +35,20 @@ void gs_config_once(void)
     pthread_once(&config_once, load_config);
 }
 
+static int driver_loaded;
+
 static void load_cuda(void)
 {
     gs_config_once();
-    int state = GS_STATE_READY;
-    if (gs_cfg.refused)
-        state = GS_STATE_REFUSED;
-    else if (gs_real_load_cuda() != 0)
-        state = GS_STATE_NO_DRIVER;
+    driver_loaded = gs_real_load_cuda() == 0;
+    int state = gs_cfg.refused ? GS_STATE_REFUSED : driver_loaded ? GS_STATE_READY : GS_STATE_NO_DRIVER;
     __atomic_store_n(&gs_state, state, __ATOMIC_RELEASE);
+}
+
+CUresult gs_enter_lookup(void)
+{
+    pthread_once(&cuda_once, load_cuda);
+    return driver_loaded ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 CUresult gs_enter_slow(void)

@@ -69,7 +69,7 @@ static void *swap_entry(const char *symbol, void *p)
 GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                        CUdriverProcAddressQueryResult *status)
 {
-    CUresult rc = gs_enter();
+    CUresult rc = gs_enter_lookup();
     if (rc)
         return rc;
     if (!gs_cu.cuGetProcAddress_v2)
@@ -82,7 +82,7 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
 
 GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
-    CUresult rc = gs_enter();
+    CUresult rc = gs_enter_lookup();
     if (rc)
         return rc;
     if (!gs_cu.cuGetProcAddress)

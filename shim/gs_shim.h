@@ -22,6 +22,9 @@ static inline CUresult gs_enter(void)
         return CUDA_SUCCESS;
     return gs_enter_slow();
 }
+/* cuGetProcAddress answers even when CUDA is refused (the calls it hands out then fail one by one, so the
+ * application reports the refusal from cuInit). CUDA_SUCCESS when the real driver is loaded. */
+CUresult gs_enter_lookup(void);
 /* Read the configuration once (NVML hooks need it without the CUDA driver). */
 void gs_config_once(void);
 /* Stop all CUDA use in this process with a message (a limit cannot be applied). */

@@ -1,0 +1,89 @@
+"""Accounting across the processes of one container: one limit for all, and nothing lost to dead processes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import struct
+import subprocess
+
+import pytest
+
+from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, TESTS, GiB, make_node, run, start, until
+
+
+@pytest.fixture
+def node(tmp_path):
+    return make_node(tmp_path)
+
+
+def test_four_forked_processes_share_one_limit(node):
+    # The parent holds 256 MiB, then four children fill concurrently: together they get exactly the rest.
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "alloc", "256m",
+                "forkfill", 4, "alloc", "32m", "meminfo")
+    forked = steps[3]
+    assert len(forked["children"]) == 4
+    assert forked["total"] == 2 * GiB - 256 * (1 << 20)
+    assert all(c["rc"] == CUDA_ERROR_OUT_OF_MEMORY for c in forked["children"])
+    assert steps[4]["free"] == 2 * GiB - 256 * (1 << 20)  # the children are gone: their memory is back
+
+
+def test_separate_processes_share_one_limit(node):
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="2g")
+    first = start(env, "init", "ctx", 0, "fill", "alloc", "256m", "free", "free", "ready")
+    try:
+        assert until(first, "ready")[2]["bytes"] == 2 * GiB
+        second = run(env, "init", "ctx", 0, "fill", "alloc", "128m", "meminfo")
+        assert second[2]["bytes"] == 512 << 20
+        assert second[3]["free"] == 0 and second[3]["total"] == 2 * GiB
+    finally:
+        first.stdin.close()
+        first.wait(timeout=10)
+
+
+def test_a_process_killed_with_sigkill_gives_its_memory_back(node):
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="2g")
+    victim = start(env, "init", "ctx", 0, "fill", "alloc", "256m", "ready")
+    assert until(victim, "ready")[2]["bytes"] == 2 * GiB
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    steps = run(env, "init", "ctx", 0, "fill", "alloc", "256m")
+    assert steps[2]["bytes"] == 2 * GiB
+
+
+def test_a_process_that_exits_gives_its_memory_back_at_once(node):
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="2g")
+    assert run(env, "init", "ctx", 0, "fill", "alloc", "256m")[2]["bytes"] == 2 * GiB
+    assert run(env, "init", "ctx", 0, "nvml", 0)[2]["used"] == 0
+
+
+def test_a_lock_holder_killed_mid_update_blocks_nobody(node):
+    # A process dies holding the accounting file's lock, halfway through registering a slot that claims 1 GiB.
+    holder = subprocess.Popen([str(TESTS / "gs_lock_holder"), str(node.cache), node.uuid(0), str(GiB)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "fill", "alloc", "256m", timeout=20)
+    assert steps[2]["bytes"] == 2 * GiB
+
+
+def test_a_reused_pid_does_not_keep_a_dead_process_s_memory(node):
+    # A slot written by a process that is gone, with the pid of a live process (this test's) but another
+    # start time: the pid was reused, and the memory is given back.
+    holder = subprocess.Popen([str(TESTS / "gs_lock_holder"), str(node.cache), node.uuid(0), str(GiB)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    with open(node.cache, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        slots = 64 + 16 * (96 + 8)  # struct gs_region: header, 16 GPU entries, then the slots
+        assert struct.unpack_from("<i", mm, slots)[0] == holder.pid
+        struct.pack_into("<iiQ", mm, slots, os.getpid(), 0, 1)  # alive pid, impossible start time
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "fill", "alloc", "256m")
+    assert steps[2]["bytes"] == 2 * GiB

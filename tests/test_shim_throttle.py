@@ -1,0 +1,74 @@
+"""The compute share: launches slow down to the configured share of the (fake) GPU's measured utilisation."""
+
+from __future__ import annotations
+
+import pytest
+
+from devplugin import contract
+from tests.shim_probe import CUDA_SUCCESS, make_node, run
+
+# Each launch of 100 blocks keeps the fake GPU busy for 100 us: 1000 launches per 100 ms at full speed.
+SIM = {"FAKE_CUDA_NS_PER_BLOCK": "1000"}
+FULL_SPEED_PER_100MS = 1000
+
+
+@pytest.fixture
+def node(tmp_path):
+    node = make_node(tmp_path)
+    node.extra.update(SIM)
+    return node
+
+
+@pytest.mark.parametrize("share", [30, 60])
+def test_launches_slow_down_to_the_share(node, share):
+    steps = run(node.env(CUDA_DEVICE_SM_LIMIT=share), "init", "ctx", 0, "launchfor", "launch", 1500, 100)
+    per_100ms = steps[2]["per_100ms"]
+    settled = per_100ms[7:]  # after the controller's first steps
+    achieved = sum(settled) / len(settled) / FULL_SPEED_PER_100MS
+    assert abs(achieved - share / 100) < 0.1, per_100ms
+    assert per_100ms[0] > 0.9 * FULL_SPEED_PER_100MS  # unmeasured at first: free
+
+
+def test_the_fake_gpu_runs_at_full_speed_without_the_shim(node):
+    steps = run(node.env(shim=False), "init", "ctx", 0, "launchfor", "launch", 500, 100)
+    assert sum(steps[2]["per_100ms"]) / len(steps[2]["per_100ms"]) > 0.9 * FULL_SPEED_PER_100MS
+
+
+def test_at_100_percent_nothing_is_throttled(node):
+    steps = run(node.env(CUDA_DEVICE_SM_LIMIT=100), "init", "ctx", 0, "launch", 100, 1, "stats", 0)
+    assert steps[3]["shim"] and not steps[3]["active"] and steps[3]["draws"] == 0
+
+
+@pytest.mark.parametrize("policy,active", [("force", 1), ("default", 1), ("disable", 0), ("DISABLE", 0)])
+def test_core_policy(node, policy, active):
+    steps = run(node.env(CUDA_DEVICE_SM_LIMIT=20, GPU_CORE_UTILIZATION_POLICY=policy), "init", "ctx", 0, "stats", 0)
+    assert steps[2]["active"] == active
+
+
+@pytest.mark.parametrize("mode", ["gpa", "gpa-ptsz", "dlsym", "linked"])
+@pytest.mark.parametrize("kind", ["launch", "launchex", "coop", "graph"])
+def test_every_launch_path_reaches_its_own_entry_point_and_is_held_back(tmp_path, mode, kind):
+    # Kernels take no time here, but the GPU reads 100 % busy: at a 20 % share the gate must make launches wait.
+    node = make_node(tmp_path)
+    node.driver.set_utilization(0, 100)
+    limits = contract.Limits(devices=(contract.DeviceLimit(node.uuid(0), 0, 20),
+                                      contract.DeviceLimit(node.uuid(1), 0, 100)))
+    env = node.env(GPUSHARE_LIMITS_FILE=node.write_limits(limits))
+    steps = run(env, "init", "ctx", 0, "launchfor", kind, 400, 8, "counters", "stats", 0, mode=mode)
+    launched, counters, stats = steps[2], steps[3], steps[4]
+    assert launched["rc"] == CUDA_SUCCESS
+    entry = {"launch": "launch", "launchex": "launch_ex", "coop": "launch_coop", "graph": "graph_launch"}[kind]
+    ptsz = mode == "gpa-ptsz"
+    assert counters[entry + ("_ptsz" if ptsz else "")] == launched["n"]
+    assert counters[entry + ("" if ptsz else "_ptsz")] == 0
+    assert stats["active"] and stats["draws"] > 0 and stats["waits"] > 0
+
+
+def test_throttling_follows_the_gpu_it_launches_on(node):
+    limits = contract.Limits(devices=(contract.DeviceLimit(node.uuid(0), 0, 100),
+                                      contract.DeviceLimit(node.uuid(1), 0, 30)))
+    env = node.env(GPUSHARE_LIMITS_FILE=node.write_limits(limits))
+    free = run(env, "init", "ctx", 0, "launchfor", "launch", 600, 100)[2]["per_100ms"]
+    held = run(env, "init", "ctx", 1, "launchfor", "launch", 1200, 100)[2]["per_100ms"]
+    assert sum(free[2:]) / len(free[2:]) > 0.9 * FULL_SPEED_PER_100MS
+    assert sum(held[7:]) / len(held[7:]) < 0.45 * FULL_SPEED_PER_100MS
