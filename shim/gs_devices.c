@@ -131,7 +131,8 @@ CUresult gs_ctx_charge(int d, int *charged_now)
     if (!dev->limit || !gs_cfg.context_reserve)
         return CUDA_SUCCESS;
     int expected = 0;
-    if (!__atomic_compare_exchange_n(&dev->ctx_charged, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&dev->ctx_charged, __ATOMIC_ACQUIRE) ||
+        !__atomic_compare_exchange_n(&dev->ctx_charged, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return CUDA_SUCCESS;
     if (gs_region_reserve(dev->rd, gs_cfg.context_reserve, dev->limit) != 0) {
         __atomic_store_n(&dev->ctx_charged, 0, __ATOMIC_RELEASE);

@@ -312,17 +312,18 @@ uint64_t gs_region_device_limit(int rd)
     return __atomic_load_n(&region->dev[rd].limit, __ATOMIC_RELAXED);
 }
 
+/* No lock: only this process writes its slot, and clearing the bytes before the pid means a process that picks
+ * the freed slot finds it empty. (Taking the lock here could hang the exit of a process whose other thread held
+ * it when exit() was called.) */
 void gs_region_detach(void)
 {
     struct gs_slot *s = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
     if (!s || __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != (int32_t)getpid())
         return;
-    gs_region_lock();
+    __atomic_store_n(&my_slot, NULL, __ATOMIC_RELEASE);
     for (int d = 0; d < GS_REGION_DEVICES; d++)
         __atomic_store_n(&s->used[d], 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
-    __atomic_store_n(&my_slot, NULL, __ATOMIC_RELEASE);
-    gs_region_unlock();
 }
 
 void gs_region_after_fork_child(void)

@@ -1,0 +1,22 @@
+#!/bin/sh
+# Real-GPU proof of the isolation shim. Run from the repository root on a machine with an NVIDIA GPU and
+# driver (PyTorch optional: without it the torch checks are skipped and the PTX/driver-API checks still run).
+#   sh scripts/gpu/run_all.sh          results: $OUT (or /tmp/gpushare-gpu)/*.jsonl and summary.txt
+set -u
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/gpushare-gpu}"
+export OUT
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+make native >"$OUT/build.log" 2>&1 || { echo "build failed: see $OUT/build.log"; exit 1; }
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+status=0
+for script in driver_checks.py spin_share.py torch_oom.py torch_matmul_share.py; do
+    echo "== $script"
+    "$PY" "scripts/gpu/$script"
+    rc=$?
+    [ $rc -eq 1 ] && status=1
+done 2>&1 | tee "$OUT/summary.txt"
+grep -q '^FAIL' "$OUT/summary.txt" && status=1
+exit $status
