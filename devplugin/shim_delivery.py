@@ -56,12 +56,13 @@ class Janitor:
 
     def __init__(self, paths: ShimPaths, pod_resources_socket: str, resources: set[str],
                  list_containers: Callable[[str, set[str]], dict[str, list[list[str]]] | None] | None = None,
-                 interval_s: float = CLEANUP_INTERVAL_S) -> None:
+                 interval_s: float = CLEANUP_INTERVAL_S, min_age_s: float = MIN_AGE_S) -> None:
         self.paths = paths
         self.socket = pod_resources_socket
         self.resources = resources
         self.list_containers = list_containers or _containers_devices
         self.interval_s = interval_s
+        self.min_age_s = min_age_s
         self._timer: threading.Timer | None = None
         self._stopped = threading.Event()
 
@@ -73,7 +74,7 @@ class Janitor:
         root = Path(self.paths.host_root) / "containers"
         now = time.time()
         if root.is_dir():
-            live |= {d.name for d in root.iterdir() if now - d.stat().st_mtime < MIN_AGE_S}
+            live |= {d.name for d in root.iterdir() if now - d.stat().st_mtime < self.min_age_s}
         removed = cleanup(self.paths, live)
         if removed:
             log.info("removed shim files of %d ended containers", len(removed),

@@ -14,7 +14,7 @@ from pathlib import Path
 from devplugin.config import Config
 from devplugin.daemon import Daemon
 from devplugin.gpu.health import HealthWatcher
-from devplugin.serve import build
+from devplugin.serve import build, shim_mounts
 from devplugin.sim.fake_driver import FakeDriver, FakeGPU, load_in_process, seed_node
 from devplugin.sim.kubelet import KubeletEmulator
 
@@ -46,7 +46,7 @@ class Running:
 
 def config(root: Path, **overrides: object) -> Config:
     cfg = Config(mode="core_mem", plugin_dir=str(root / "dp"), pod_resources_socket=str(root / "pr" / "kubelet.sock"),
-                 node_name="", shim="off", recovery_seconds=0.5)
+                 node_name="", shim="off", recovery_seconds=0.5, shim_state_dir=str(root / "shim"))
     for key, value in overrides.items():
         setattr(cfg, key, value)
     cfg.validate()
@@ -62,7 +62,7 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, **overrides: ob
     cfg = config(root, **overrides)
     kubelet = KubeletEmulator(Path(cfg.plugin_dir), Path(cfg.pod_resources_socket), seed=seed)
     kubelet.start()
-    built = build(cfg)
+    built = build(cfg, mounts=shim_mounts(cfg))
     assert built is not None
     daemon, health = built
     daemon.start()

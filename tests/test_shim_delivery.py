@@ -1,0 +1,62 @@
+"""Allocate delivers the shim: mounts, a limits file with the container's memory and compute, cleanup after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from devplugin import contract
+from devplugin.serve import shim_mounts
+from devplugin.shim_delivery import Janitor
+from devplugin.shim_files import ShimPaths
+from tests.daemon_harness import CORE, MEM, running
+from tests.test_daemon_admission import pod
+
+
+def test_seed_job_gets_the_shim_and_its_limits_file() -> None:
+    with running(shim="on", shim_lib="/bin/true") as r:
+        assert r.registered_all()
+        c = r.kubelet.admit(pod("cuda-sample", mem=2, core=30)).containers[0]
+        mounts = {m.container_path: m for m in c.mounts}
+        assert set(mounts) == {contract.CONTAINER_LIB_PATH, contract.CONTAINER_PRELOAD_PATH,
+                               contract.CONTAINER_LIMITS_PATH, contract.CONTAINER_STATE_DIR}
+        assert mounts[contract.CONTAINER_LIB_PATH].read_only and mounts[contract.CONTAINER_LIMITS_PATH].read_only
+        assert mounts[contract.CONTAINER_PRELOAD_PATH].read_only and not mounts[contract.CONTAINER_STATE_DIR].read_only
+        limits = contract.parse_limits(Path(mounts[contract.CONTAINER_LIMITS_PATH].host_path).read_text())
+        assert limits.devices == (contract.DeviceLimit(r.daemon.node.gpus[0].uuid, 2 << 30, 30),)
+        assert c.conflicts == []
+
+
+def test_shim_on_without_the_library_refuses_to_start() -> None:
+    from devplugin.config import Config
+
+    try:
+        shim_mounts(Config(shim="on", shim_lib="/nonexistent/libgpushare.so"))
+    except ValueError as exc:
+        assert "does not exist" in str(exc)
+    else:
+        raise AssertionError("--shim on without the library must refuse")
+    assert shim_mounts(Config(shim="auto", shim_lib="/nonexistent/libgpushare.so")) is None
+
+
+def test_janitor_removes_files_of_ended_containers_only() -> None:
+    with running(shim="on", shim_lib="/bin/true") as r:
+        assert r.registered_all()
+        keep = r.kubelet.admit(pod("keep", mem=1, core=5))
+        gone = r.kubelet.admit(pod("gone", mem=1, core=5))
+        host_dirs = {Path(m.host_path).parent.name for res in (keep, gone) for m in res.containers[0].mounts
+                     if m.container_path == contract.CONTAINER_LIMITS_PATH}
+        assert len(host_dirs) == 2
+        r.kubelet.remove_pod(gone.pod.uid)
+        paths = ShimPaths(host_root=Path(r.daemon_config.shim_state_dir), host_lib=Path("/bin/true"))
+        janitor = Janitor(paths, str(r.pod_resources), {MEM, CORE}, min_age_s=0)
+        removed = janitor.sweep()
+        assert len(removed) == 1
+        left = {d.name for d in (Path(r.daemon_config.shim_state_dir) / "containers").iterdir()}
+        assert left == host_dirs - set(removed)
+
+
+def test_janitor_deletes_nothing_when_the_kubelet_cannot_say(tmp_path: Path) -> None:
+    (tmp_path / "containers" / "abc").mkdir(parents=True)
+    janitor = Janitor(ShimPaths(host_root=tmp_path), "/nonexistent.sock", {MEM}, min_age_s=0)
+    assert janitor.sweep() == []
+    assert (tmp_path / "containers" / "abc").is_dir()
