@@ -7,6 +7,7 @@ with spread.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,8 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from devplugin import contract
 from devplugin.sim.fake_driver import FakeDriver, seed_node
-from devplugin.sim.kubelet import AdmissionError, KubeletEmulator
+from devplugin.sim.kubelet import AdmissionError, ContainerResult, KubeletEmulator
 from devplugin.sim.pods import ContainerSpec, PodSpec
 
 DOMAIN = "aliyun.com"
@@ -39,12 +41,26 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
+REPO = Path(__file__).resolve().parents[1]
+SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
+PROBE = REPO / "build" / "shim" / "tests" / "gs_probe"
+FAKE_CUDA = REPO / "build" / "fakes" / "libcuda.so.1"
+FAKE_NVML = REPO / "build" / "fakes" / "libnvidia-ml.so.1"
+
+
+def _shim_built() -> bool:
+    return all(p.exists() for p in (SHIM_LIB, PROBE, FAKE_CUDA, FAKE_NVML))
+
+
 def _start_daemon(driver: FakeDriver, plugin_dir: Path, pod_resources: Path, placement: str,
-                  log_path: Path) -> subprocess.Popen:
+                  log_path: Path, shim_state: Path) -> subprocess.Popen:
     env = {**os.environ, **driver.env(), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--placement", placement,
-           "--plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_resources), "--node-name", "",
-           "--shim", "off"]
+           "--plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_resources), "--node-name", ""]
+    if _shim_built():
+        cmd += ["--shim", "on", "--shim-lib", str(SHIM_LIB), "--shim-state-dir", str(shim_state)]
+    else:
+        cmd += ["--shim", "off"]
     return subprocess.Popen(cmd, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
 
 
@@ -79,7 +95,39 @@ def _show_usage(kubelet: KubeletEmulator, uuids: list[str]) -> None:
              f"gpu-core {u.get(CORE, 0):>3}/{t.get(CORE, 0)} %{whole}")
 
 
-def _admit_examples(kubelet: KubeletEmulator) -> list[str]:
+def _show_inside(driver: FakeDriver, c: ContainerResult) -> None:
+    """Run a CUDA program under the shim with what the container received, as the container would."""
+    mounts = {m.container_path: m.host_path for m in c.mounts}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPUSHARE_", "LD_PRELOAD"))}
+    env.update(driver.env())
+    env.update(c.envs)
+    env.update({
+        "LD_PRELOAD": mounts[contract.CONTAINER_LIB_PATH],
+        contract.ENV_LIMITS_FILE: mounts[contract.CONTAINER_LIMITS_PATH],
+        contract.ENV_SHARED_CACHE: str(Path(mounts[contract.CONTAINER_STATE_DIR]) / "usage.cache"),
+        contract.ENV_REAL_LIBCUDA: str(FAKE_CUDA), contract.ENV_REAL_LIBNVML: str(FAKE_NVML),
+        "GS_PROBE_LIBCUDA": str(FAKE_CUDA), "GS_PROBE_LIBNVML": str(FAKE_NVML),
+    })
+    steps = ["init", "ctx", "0", "meminfo", "nvml", "0", "fill", "alloc", "64m", "meminfo"]
+    proc = subprocess.run([str(PROBE), "gpa", *steps], env=env, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        _say(f"      (the CUDA probe failed: {proc.stderr.strip()})")
+        return
+    out = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    by_op: dict[str, list[dict]] = {}
+    for step in out:
+        by_op.setdefault(step["op"], []).append(step)
+    mib = 1 << 20
+    first, nvml, fill = by_op["meminfo"][0], by_op.get("nvml", [{}])[0], by_op["fill"][0]
+    _say("      inside the container, under the shim (a CUDA program on the simulated 15 GiB GPU):")
+    _say(f"        cuMemGetInfo: total {first['total'] // mib} MiB, free {first['free'] // mib} MiB")
+    if "total" in nvml:
+        _say(f"        NVML (what nvidia-smi shows): total {nvml['total'] // mib} MiB")
+    _say(f"        allocating 64 MiB blocks: {fill['bytes'] // mib} MiB granted, then error {fill['rc']} "
+         "(CUDA_ERROR_OUT_OF_MEMORY)")
+
+
+def _admit_examples(kubelet: KubeletEmulator, driver: FakeDriver) -> list[str]:
     admitted = []
     for name, limits, what in EXAMPLES:
         pod = PodSpec(name=name, containers=[ContainerSpec(name="main", limits=dict(limits))])
@@ -97,8 +145,10 @@ def _admit_examples(kubelet: KubeletEmulator) -> list[str]:
         for key in SHOWN_ENVS:
             if key in c.envs:
                 _say(f"      {key}={c.envs[key]}")
-        for m in c.mounts:
-            _say(f"      mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})")
+        if c.mounts:
+            _say("      mounts: " + ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in c.mounts))
+        if name == "cuda-sample" and c.mounts and _shim_built():
+            _show_inside(driver, c)
     return admitted
 
 
@@ -113,7 +163,7 @@ def run_demo(keep: bool = False) -> int:
         with KubeletEmulator(plugin_dir, pod_resources, seed=7) as kubelet:
             for placement in ("binpack", "spread"):
                 _say(f"=== devplugin serve on a simulated node: 4 x 15 GiB GPUs, mode core_mem, {placement} ===")
-                daemon = _start_daemon(driver, plugin_dir, pod_resources, placement, log_path)
+                daemon = _start_daemon(driver, plugin_dir, pod_resources, placement, log_path, root / "shim")
                 ok = kubelet.wait_for(lambda k: {MEM, CORE, COUNT} <= set(k.allocatable()) and
                                       all(k.allocatable()[r] > 0 for r in (MEM, CORE, COUNT)), timeout=30)
                 if not ok:
@@ -123,7 +173,7 @@ def run_demo(keep: bool = False) -> int:
                     return 1
                 _show_allocatable(kubelet)
                 _say("  admitting example pods (the kubelet calls each resource in random order):")
-                uids = _admit_examples(kubelet)
+                uids = _admit_examples(kubelet, driver)
                 _show_usage(kubelet, [g.uuid for g in driver.gpus])
                 for uid in uids:
                     kubelet.remove_pod(uid)

@@ -17,3 +17,5 @@ def test_demo_shows_the_seed_node_and_job() -> None:
     assert "x bad-core" in out and "multiple of 5" in out
     assert out.count("its sockets left behind: none") == 2
     assert "binpack" in out and "spread" in out
+    assert "cuMemGetInfo: total 2048 MiB" in out  # the shim is built by `make test` before the tests run
+    assert "NVML (what nvidia-smi shows): total 2048 MiB" in out
