@@ -146,7 +146,8 @@ def _admit_examples(kubelet: KubeletEmulator, driver: FakeDriver) -> list[str]:
             if key in c.envs:
                 _say(f"      {key}={c.envs[key]}")
         if c.mounts:
-            _say("      mounts: " + ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in c.mounts))
+            listed = ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in c.mounts)
+            _say(f"      mounts: {listed}")
         if name == "cuda-sample" and c.mounts and _shim_built():
             _show_inside(driver, c)
     return admitted
