@@ -7,8 +7,9 @@ import pytest
 from devplugin import contract
 from tests.shim_probe import CUDA_SUCCESS, make_node, run
 
-# Each launch of 100 blocks keeps the fake GPU busy for 100 us: 1000 launches per 100 ms at full speed.
-SIM = {"FAKE_CUDA_NS_PER_BLOCK": "1000"}
+# Each launch of 100 blocks keeps the fake GPU busy for 100 us: 1000 launches per 100 ms at full speed. A 20 ms
+# launch queue keeps the fake GPU busy while a loaded test machine does not schedule the launching thread.
+SIM = {"FAKE_CUDA_NS_PER_BLOCK": "1000", "FAKE_CUDA_QUEUE_US": "20000"}
 FULL_SPEED_PER_100MS = 1000
 
 
