@@ -3,9 +3,12 @@
 #include "gs_shim.h"
 #include "gs_throttle.h"
 
+/* Grid size in blocks, kept well inside int64 (a grid can hold up to 2^63 blocks). */
 static inline int64_t blocks(unsigned x, unsigned y, unsigned z)
 {
-    return (int64_t)x * y * z;
+    uint64_t n = (uint64_t)x * y;
+    n = n > (1ULL << 40) ? (1ULL << 40) : n * z;
+    return n > (1ULL << 40) ? (int64_t)(1ULL << 40) : (int64_t)n;
 }
 
 #define GS_LAUNCH_HOOK(name, cost, args)          \

@@ -11,7 +11,7 @@
 
 int gs_log_level = GS_LOG_WARN;
 
-static const char *const level_names[] = {"error", "warning", "info", "debug", "trace"};
+static const char *const level_names[] = {"error", "error", "warning", "info", "debug"};
 
 void gs_log_init(void)
 {
@@ -27,7 +27,7 @@ void gs_log_init(void)
 
 void gs_log(int level, const char *fmt, ...)
 {
-    if (level > gs_log_level)
+    if (level > gs_log_level && level != GS_LOG_ERROR)
         return;
     char buf[1024];
     int n = snprintf(buf, sizeof buf, "[gpushare] %s (pid %d): ", level_names[level], (int)getpid());

@@ -1,13 +1,12 @@
-/* Messages on stderr, prefixed "[gpushare]", filtered by LIBCUDA_LOG_LEVEL:
- * 0 errors only, 1 + warnings (default), 2 + info, 3 + debug, 4 + trace. */
+/* Messages on stderr, prefixed "[gpushare]", filtered by LIBCUDA_LOG_LEVEL with HAMi-core's numbers:
+ * errors always, warnings from 2 (the default), info from 3, debug at 4. */
 #ifndef GS_LOG_H
 #define GS_LOG_H
 
 #define GS_LOG_ERROR 0
-#define GS_LOG_WARN 1
-#define GS_LOG_INFO 2
-#define GS_LOG_DEBUG 3
-#define GS_LOG_TRACE 4
+#define GS_LOG_WARN 2
+#define GS_LOG_INFO 3
+#define GS_LOG_DEBUG 4
 
 extern int gs_log_level;
 

@@ -17,8 +17,8 @@ static struct {
 static int current_or(CUresult *rc)
 {
     int d = -1;
-    *rc = gs_devices_ready() ? gs_current_device(&d) : CUDA_ERROR_NOT_INITIALIZED;
-    return d;
+    *rc = gs_current_device(&d);
+    return *rc == CUDA_SUCCESS ? d : -1;
 }
 
 /* The common shape: reserve on d, call the driver, keep or roll back. */
@@ -36,8 +36,10 @@ static int current_or(CUresult *rc)
 #define GS_ALLOC_CURRENT(bytes, call, dptr)                          \
     do {                                                             \
         CUresult rc0_;                                               \
+        if (!gs_devices_ready() || !gs_any_limit || !dptr)           \
+            return (call);                                           \
         int d_ = current_or(&rc0_);                                  \
-        if (rc0_ != CUDA_SUCCESS || !gs_any_limit || !dptr)          \
+        if (rc0_ != CUDA_SUCCESS)                                    \
             return (call);                                           \
         GS_ALLOC_ON(d_, (bytes), (call), (dptr));                    \
     } while (0)
@@ -82,9 +84,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
                                       unsigned int elem)
 {
     GS_ENTER_OR_RETURN(cuMemAllocPitch_v2);
-    CUresult rc;
-    int d = current_or(&rc);
-    if (rc != CUDA_SUCCESS || !gs_any_limit || !dptr || !pitch || width > (SIZE_MAX >> 1) || !height)
+    CUresult rc = CUDA_SUCCESS;
+    int d = gs_devices_ready() && gs_any_limit ? current_or(&rc) : -1;
+    if (d < 0 || rc != CUDA_SUCCESS || !dptr || !pitch || width > (SIZE_MAX >> 1) || !height)
         return gs_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
     uint64_t widest = ((uint64_t)width + GS_PITCH_ALIGN - 1) / GS_PITCH_ALIGN * GS_PITCH_ALIGN;
     if (height > UINT64_MAX / widest)
@@ -135,9 +137,9 @@ static int pool_device(CUmemoryPool pool, int *dev)
 static CUresult from_pool(gs_pfn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr, size_t bytesize,
                           CUmemoryPool pool, CUstream stream)
 {
-    CUresult rc;
-    int d = current_or(&rc);
-    if (rc != CUDA_SUCCESS || !gs_any_limit || !dptr)
+    CUresult rc = CUDA_SUCCESS;
+    int d = gs_devices_ready() && gs_any_limit ? current_or(&rc) : -1;
+    if (d < 0 || rc != CUDA_SUCCESS || !dptr)
         return real(dptr, bytesize, pool, stream);
     int pd;
     if (pool_device(pool, &pd)) {

@@ -56,6 +56,9 @@ static void *swap_entry(const char *symbol, void *p)
     for (size_t i = 0; i < COUNT(cuda_hooks); i++)
         if (*cuda_hooks[i].real == p)
             return cuda_hooks[i].hook;
+    for (size_t i = 0; i < COUNT(cuda_hooks); i++)
+        if (cuda_hooks[i].hook == p)
+            return p; /* the driver looked the name up globally and found the hook itself */
     for (int i = 0; hooked_bases[i]; i++) {
         if (!strcmp(hooked_bases[i], symbol)) {
             GS_WARN("the driver returned an entry point for %s that the shim does not know; calls through it "

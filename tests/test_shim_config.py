@@ -124,11 +124,13 @@ def test_nvml_is_refused_too_when_limits_cannot_be_read(node):
     assert steps[0]["rc"] == 4  # NVML_ERROR_NO_PERMISSION
 
 
-def test_log_level_controls_the_info_messages(node):
+def test_log_level_controls_the_messages_but_errors_always_show(node):
     quiet = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "alloc", "2g")
-    chatty = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBCUDA_LOG_LEVEL=2), "init", "ctx", 0, "alloc", "2g")
+    chatty = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBCUDA_LOG_LEVEL=3), "init", "ctx", 0, "alloc", "2g")
     assert quiet.stderr == "" and quiet.steps[2]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
     assert "[gpushare] info" in chatty.stderr and "out of memory on CUDA device 0" in chatty.stderr
+    silent = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="2Gi", LIBCUDA_LOG_LEVEL=0), "init")
+    assert "[gpushare] error" in silent.stderr and "CUDA_DEVICE_MEMORY_LIMIT=2Gi" in silent.stderr
 
 
 def test_processes_that_never_use_cuda_are_untouched_even_with_bad_settings(node):

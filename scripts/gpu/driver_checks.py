@@ -30,7 +30,7 @@ def fill_checks(work: Path) -> list[dict]:
     records = []
     for mode in ("gpa", "gpa-ptsz", "dlsym"):
         for kind in ("alloc", "async", "create", "managed"):
-            env = real(shim_env(work, CUDA_DEVICE_MEMORY_LIMIT=LIMIT, LIBCUDA_LOG_LEVEL=1))
+            env = real(shim_env(work, CUDA_DEVICE_MEMORY_LIMIT=LIMIT))
             lines, stderr = run_json([str(PROBE), mode, "init", "ctx", "0", "meminfo", "fill", kind, "64m",
                                       "meminfo", "freeall", "meminfo"], env)
             steps = [line for line in lines if "op" in line]

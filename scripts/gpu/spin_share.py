@@ -37,7 +37,7 @@ def main() -> int:
     free_lines, free_err = run_json(argv, shim_env(work, shim=False))
     full_lines, _ = run_json(argv, shim_env(work, CUDA_DEVICE_SM_LIMIT=100))
     held_lines, stderr = run_json(argv, shim_env(work, CUDA_DEVICE_SM_LIMIT=SHARE,
-                                                 GPU_CORE_UTILIZATION_POLICY="force", LIBCUDA_LOG_LEVEL=1))
+                                                 GPU_CORE_UTILIZATION_POLICY="force"))
     free, full, held = rate(free_lines), rate(full_lines), rate(held_lines)
     ratio = held / free if free else 0.0
     records = [

@@ -56,7 +56,7 @@ def main() -> int:
     free_lines, _ = run_json(argv, shim_env(work, shim=False))
     shim_free_lines, _ = run_json(argv, shim_env(work, CUDA_DEVICE_SM_LIMIT=100))
     held_lines, stderr = run_json(argv, shim_env(work, CUDA_DEVICE_SM_LIMIT=SHARE,
-                                                 GPU_CORE_UTILIZATION_POLICY="force", LIBCUDA_LOG_LEVEL=1))
+                                                 GPU_CORE_UTILIZATION_POLICY="force"))
     full, full_shim, held = rate(free_lines), rate(shim_free_lines), rate(held_lines)
     ratio = held / full if full else 0.0
     records = [

@@ -53,7 +53,7 @@ def main() -> int:
     records = []
     work = Path(tempfile.mkdtemp(prefix="gs-torch-"))
     for conf in CONFIGS:
-        env = shim_env(work, CUDA_DEVICE_MEMORY_LIMIT=LIMIT, LIBCUDA_LOG_LEVEL=1)
+        env = shim_env(work, CUDA_DEVICE_MEMORY_LIMIT=LIMIT)
         if conf:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf
         lines, stderr = run_json([sys.executable, __file__, "--child"], env)
