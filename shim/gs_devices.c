@@ -17,6 +17,15 @@ struct gs_ptrmap gs_handles = GS_PTRMAP_INIT;
 
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void gs_devices_after_fork_child(void)
+{
+    pthread_mutex_init(&setup_lock, NULL);
+    for (int d = 0; d < GS_MAX_DEVICES; d++)
+        gs_devs[d].ctx_charged = 0;
+    gs_ptrmap_reset(&gs_pointers);
+    gs_ptrmap_reset(&gs_handles);
+}
+
 static void format_uuid(const CUuuid *u, char *out, size_t len)
 {
     const unsigned char *b = (const unsigned char *)u->bytes;

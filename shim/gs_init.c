@@ -16,10 +16,8 @@ static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static void child_after_fork(void)
 {
     gs_region_after_fork_child();
-    gs_ptrmap_reset(&gs_pointers);
-    gs_ptrmap_reset(&gs_handles);
-    for (int d = 0; d < GS_MAX_DEVICES; d++)
-        gs_devs[d].ctx_charged = 0;
+    gs_devices_after_fork_child();
+    gs_memory_after_fork_child();
     gs_throttle_after_fork_child();
 }
 

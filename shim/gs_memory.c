@@ -13,6 +13,11 @@ static struct {
     int dev[MAX_POOLS]; /* CUDA ordinal, -1 = not device memory */
 } pools = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}};
 
+void gs_memory_after_fork_child(void)
+{
+    pthread_mutex_init(&pools.lock, NULL);
+}
+
 /* Where allocations of the calling thread go: its current context's device. -1 with *rc when unknown. */
 static int current_or(CUresult *rc)
 {

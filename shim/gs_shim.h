@@ -69,6 +69,10 @@ int gs_free_begin(struct gs_ptrmap *map, uint64_t key, struct gs_ptr_entry *e);
 /* After the real free: give the bytes back on success, restore the entry on failure. */
 void gs_free_end(CUresult rc, int had, struct gs_ptrmap *map, const struct gs_ptr_entry *e);
 
+/* In a forked child: the parent's locks, allocations and context charges are not the child's. */
+void gs_devices_after_fork_child(void);
+void gs_memory_after_fork_child(void);
+
 extern struct gs_ptrmap gs_pointers; /* device pointers */
 extern struct gs_ptrmap gs_handles;  /* cuMemCreate handles */
 

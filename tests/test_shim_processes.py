@@ -87,3 +87,26 @@ def test_a_reused_pid_does_not_keep_a_dead_process_s_memory(node):
         struct.pack_into("<iiQ", mm, slots, os.getpid(), 0, 1)  # alive pid, impossible start time
     steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "fill", "alloc", "256m")
     assert steps[2]["bytes"] == 2 * GiB
+
+
+def test_racing_processes_and_threads_never_overshoot_the_limit_nor_leak(tmp_path):
+    # The GPU has exactly the container's limit: if the shim ever let the container past it, the (fake) driver
+    # itself would have to refuse an allocation, which it counts as mem_oom.
+    node = make_node(tmp_path, n=1, memory_mib=1024)
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g")
+    procs = [start(env, "init", "ctx", 0, "ready", "hammer", 4, 20000, "96m", "counters") for _ in range(3)]
+    try:
+        for proc in procs:
+            until(proc, "ready")
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = [until(proc, "counters")[-2:] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    assert sum(counters["mem_oom"] for _, counters in results) == 0
+    assert sum(hammer["oom"] for hammer, _ in results) > 0  # the limit was reached, often
+    assert all(hammer["other"] == 0 and hammer["ok"] > 0 for hammer, _ in results)
+    assert run(env, "init", "ctx", 0, "fill", "alloc", "64m")[2]["bytes"] == GiB  # and nothing leaked

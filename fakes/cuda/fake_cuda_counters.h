@@ -10,7 +10,8 @@
     X(ctx_created) X(mem_alloc) X(mem_alloc_pitch) X(mem_alloc_managed) X(mem_alloc_async)                     \
     X(mem_alloc_async_ptsz) X(mem_alloc_pool) X(mem_alloc_pool_ptsz) X(mem_create) X(mem_free)                  \
     X(mem_free_async) X(mem_free_async_ptsz) X(mem_release) X(launch) X(launch_ptsz) X(launch_ex)               \
-    X(launch_ex_ptsz) X(launch_coop) X(launch_coop_ptsz) X(graph_launch) X(graph_launch_ptsz) X(live_bytes)
+    X(launch_ex_ptsz) X(launch_coop) X(launch_coop_ptsz) X(graph_launch) X(graph_launch_ptsz) X(live_bytes)    \
+    X(mem_oom)
 
 struct fake_cuda_counters {
 #define FAKE_CUDA_FIELD(name) uint64_t name;

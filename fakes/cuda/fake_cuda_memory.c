@@ -137,8 +137,10 @@ CUresult fake_mem_take(int dev, uint64_t bytes)
     uint64_t *used = &fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes;
     uint64_t cur = __atomic_load_n(used, __ATOMIC_RELAXED);
     do {
-        if (bytes > cap || cur > cap - bytes)
+        if (bytes > cap || cur > cap - bytes) {
+            FAKE_COUNT(mem_oom);
             return CUDA_ERROR_OUT_OF_MEMORY;
+        }
     } while (!__atomic_compare_exchange_n(used, &cur, cur + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
     return CUDA_SUCCESS;
 }

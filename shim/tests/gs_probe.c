@@ -13,6 +13,7 @@
  *   launch|launchex|coop|graph N GRID                       N launches of GRID blocks
  *   launchfor KIND MS GRID launches of KIND for MS milliseconds, with per-100-ms counts
  *   forkfill N KIND CHUNK  fork N children that each fill; the parent reports what each obtained
+ *   hammer T N MAX         T threads each make N random allocations (1 byte..MAX) and frees, keeping up to 8
  *   counters               the fake driver's counters      stats D       the shim's throttle counters for GPU D
  *   ready                  print {"op":"ready"} and wait for a line on stdin     sleep MS
  * libcuda: $GS_PROBE_LIBCUDA (default libcuda.so.1). Exit status 0 unless the command line is wrong.
@@ -20,6 +21,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +137,7 @@ static struct held *held;
 static size_t nheld, capheld;
 static CUmemoryPool device_pool, host_pool;
 static int current_device;
+static CUcontext current_context;
 
 static int kind_of(const char *name)
 {
@@ -319,6 +322,59 @@ static void nvml_info(int index)
            rc1, m.total, m.free, m.used, rc2, m2.total, m2.free, m2.used, m2.reserved);
 }
 
+struct hammer_job {
+    long iterations;
+    uint64_t max;
+    unsigned seed;
+    long ok, oom, other;
+};
+
+static void *hammer_thread(void *arg)
+{
+    struct hammer_job *job = arg;
+    CUdeviceptr live[8] = {0};
+    unsigned x = job->seed;
+    if (cu.ctx_set(current_context))
+        return NULL;
+    for (long i = 0; i < job->iterations; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        int slot = (int)(x % 8);
+        if (live[slot]) {
+            cu.mem_free(live[slot]);
+            live[slot] = 0;
+            continue;
+        }
+        CUresult rc = cu.mem_alloc(&live[slot], 1 + x % job->max);
+        if (rc == CUDA_SUCCESS)
+            job->ok++;
+        else
+            live[slot] = 0, rc == CUDA_ERROR_OUT_OF_MEMORY ? job->oom++ : job->other++;
+    }
+    for (int k = 0; k < 8; k++)
+        if (live[k])
+            cu.mem_free(live[k]);
+    return NULL;
+}
+
+static void hammer(int threads, long iterations, uint64_t max)
+{
+    pthread_t t[64];
+    struct hammer_job jobs[64];
+    if (threads > 64)
+        threads = 64;
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (struct hammer_job){iterations, max, 2463534242u + (unsigned)getpid() * 31u + (unsigned)i * 977u,
+                                      0, 0, 0};
+        pthread_create(&t[i], NULL, hammer_thread, &jobs[i]);
+    }
+    long ok = 0, oom = 0, other = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i], NULL);
+        ok += jobs[i].ok, oom += jobs[i].oom, other += jobs[i].other;
+    }
+    printf("{\"op\":\"hammer\",\"ok\":%ld,\"oom\":%ld,\"other\":%ld}\n", ok, oom, other);
+}
+
 static void forkfill(int n, enum kind kind, uint64_t chunk)
 {
     int fds[2];
@@ -397,6 +453,7 @@ int main(int argc, char **argv)
             CUresult rc = cu.ctx_retain(&ctx, current_device);
             if (!rc)
                 rc = cu.ctx_set(ctx);
+            current_context = ctx;
             printf("{\"op\":\"ctx\",\"rc\":%d,\"device\":%d}\n", rc, current_device);
         } else if ((k = kind_of(op)) >= 0 && k != PITCH) {
             uint64_t bytes = size_arg(ARG()), handle = 0;
@@ -476,6 +533,10 @@ int main(int argc, char **argv)
             uint64_t chunk = size_arg(ARG());
             fflush(stdout);
             forkfill(n, (enum kind)kind, chunk);
+        } else if (!strcmp(op, "hammer")) {
+            int threads = atoi(ARG());
+            long n = atol(ARG());
+            hammer(threads, n, size_arg(ARG()));
         } else if (!strcmp(op, "counters")) {
             print_counters();
         } else if (!strcmp(op, "stats")) {
