@@ -54,7 +54,7 @@ static nvmlReturn_t enter(void)
 {
     gs_config_once();
     if (gs_real_load_nvml() != 0)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
+        return NVML_ERROR_LIBRARY_NOT_FOUND;
     return gs_cfg.refused ? NVML_ERROR_NO_PERMISSION : NVML_SUCCESS;
 }
 
