@@ -51,7 +51,6 @@ class Daemon:
         self._retry: threading.Timer | None = None
         self._worker = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         self._observer = None
-        self.reconciled = threading.Condition()  # notified after each reconcile (tests, benchmarks)
 
     @property
     def kubelet_socket(self) -> Path:
@@ -104,8 +103,6 @@ class Daemon:
             if self._stopping.is_set():
                 return
             self.reconcile()
-            with self.reconciled:
-                self.reconciled.notify_all()
 
     def reconcile(self) -> None:
         """Serve every resource and register it with the current kubelet; idempotent."""
@@ -140,6 +137,3 @@ class Daemon:
         self._retry = threading.Timer(delay, self.poke)
         self._retry.daemon = True
         self._retry.start()
-
-    def registered(self) -> set[Kind]:
-        return set(self._registered_with)

@@ -58,10 +58,6 @@ class DeviceBoard:
         )
         return True
 
-    def unhealthy(self) -> dict[str, str]:
-        with self._cond:
-            return dict(self._unhealthy)
-
     def snapshot(self, kind: Kind) -> tuple[int, api_pb2.ListAndWatchResponse]:
         with self._cond:
             return self._version, self._messages[kind]
