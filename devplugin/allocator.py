@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from devplugin.envs import container_envs
 from devplugin.errors import NoRoom, PairingConflict, RequestError
-from devplugin.idsets import gpu_label, group_ids
+from devplugin.idsets import gpu_label, group_ids, id_index
 from devplugin.ledger import Ledger
 from devplugin.node import Node
 from devplugin.pairing import Decision, PairingBook
@@ -81,22 +81,22 @@ class Allocator:
         _check_size(self.node, kind, size)
         avail = group_ids(self.node, kind, available, "available IDs")
         must = group_ids(self.node, kind, must_include, "must-include IDs")
-        for uuid, units in must.items():
-            missing = set(units) - set(avail.get(uuid, ()))
+        for uuid, ids in must.items():
+            missing = ids - avail.get(uuid, set())
             if missing:
                 raise RequestError(f"{res}: must-include IDs are not among the available IDs ({len(missing)} missing)")
         total = sum(len(v) for v in avail.values())
         if total < size:
             raise NoRoom(f"{res}: {size} requested but only {total} available on this node")
         with self._lock:
+            self.book.forget_rolled_back(kind, avail)
             self.ledger.observe_available(kind, avail)
-            self.book.forget_rolled_back(kind, available)
             if kind is Kind.COUNT:
                 self.book.current(kind, for_allocate=False)
                 return self._preferred_whole(avail, must, size)
             return self._preferred_share(kind, avail, must, size)
 
-    def _preferred_share(self, kind: Kind, avail: dict[str, list[int]], must: dict[str, list[int]],
+    def _preferred_share(self, kind: Kind, avail: dict[str, set[str]], must: dict[str, set[str]],
                          size: int) -> list[str]:
         res = self.node.resource_name(kind)
         if len(must) > 1:
@@ -113,7 +113,7 @@ class Allocator:
             target = next(iter(must))
         else:
             target = self._place(kind, avail, size)
-        free = avail.get(target, [])
+        free = avail.get(target, set())
         if len(free) < size:
             other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"
             raise PairingConflict(
@@ -121,14 +121,13 @@ class Allocator:
                 f"{other}, has only {len(free)} free; a container's gpu-mem and gpu-core.percentage must fit "
                 "on one GPU: lower the request or free room on that GPU"
             )
-        units = pick_units(free, must.get(target, []), size)
-        ids = [encode_id(target, kind, n) for n in units]
+        ids = pick_units(free, must.get(target, set()), size, key=id_index(self.node, kind).unit.__getitem__)
         if dec is None:
             dec = self.book.open((target,))
         dec.preferred[kind] = ids
         return ids
 
-    def _place(self, kind: Kind, avail: dict[str, list[int]], size: int) -> str:
+    def _place(self, kind: Kind, avail: dict[str, set[str]], size: int) -> str:
         """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use."""
         partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
         pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
@@ -153,7 +152,7 @@ class Allocator:
             )
         return target
 
-    def _preferred_whole(self, avail: dict[str, list[int]], must: dict[str, list[int]], size: int) -> list[str]:
+    def _preferred_whole(self, avail: dict[str, set[str]], must: dict[str, set[str]], size: int) -> list[str]:
         res = self.node.resource_name(Kind.COUNT)
         candidates = [u for u in avail if self.ledger.untouched(u)]
         busy = [u for u in must if u not in candidates]
@@ -222,13 +221,12 @@ class Allocator:
 
     def mark_allocated(self, kind: Kind, ids: Sequence[str]) -> None:
         """Tell the view about devices already held (PodResources after a restart); unknown IDs are skipped."""
-        groups: dict[str, list[int]] = {}
-        for dev_id in ids:
-            try:
-                for uuid, units in group_ids(self.node, kind, [dev_id]).items():
-                    groups.setdefault(uuid, []).extend(units)
-            except RequestError as exc:
-                log.warning("ignoring held device: %s", exc)
+        known = id_index(self.node, kind).every
+        strangers = [i for i in ids if i not in known]
+        if strangers:
+            log.warning("ignoring %d held %s devices this node does not advertise, e.g. %r", len(strangers),
+                        self.node.resource_name(kind), strangers[0])
+        groups = group_ids(self.node, kind, [i for i in dict.fromkeys(ids) if i in known], "held IDs")
         with self._lock:
             self.ledger.mark_allocated(kind, groups)
 

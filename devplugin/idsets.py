@@ -3,36 +3,50 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from dataclasses import dataclass
 
 from devplugin.errors import RequestError
 from devplugin.node import Node
 from devplugin.units import InvalidDeviceID, Kind, decode_id, device_ids
 
 
-@lru_cache(maxsize=64)
-def _decoded(node: Node, kind: Kind) -> dict[str, tuple[str, int]]:
-    """decode_id of every ID this node advertises for `kind`, computed once (the hot path of every call)."""
-    return {i: decode_id(i)[::2] for g in node.gpus for i in device_ids(g, kind, node.unit)}
+@dataclass(frozen=True)
+class IdIndex:
+    """Every ID this node advertises for one resource: all of them, per GPU (in index order), unit numbers."""
+
+    every: frozenset[str]
+    per_gpu: tuple[tuple[str, frozenset[str]], ...]
+    unit: dict[str, int]
 
 
-def group_ids(node: Node, kind: Kind, ids: Sequence[str], what: str = "device IDs") -> dict[str, list[int]]:
-    """Map IDs of `kind` to {GPU UUID: [unit numbers]}, in first-seen order; RequestError on any bad ID."""
-    known = _decoded(node, kind)
-    groups: dict[str, list[int]] = {}
-    try:
-        for dev_id in ids:
-            uuid, n = known[dev_id]
-            units = groups.get(uuid)
-            if units is None:
-                groups[uuid] = [n]
-            else:
-                units.append(n)
-    except KeyError:
-        _diagnose(node, kind, ids, what)
-    if sum(map(len, groups.values())) != len(set(ids)):
+def id_index(node: Node, kind: Kind) -> IdIndex:
+    """Built once per node and resource: requests are then checked and grouped with set operations."""
+    idx = node.memo.get(kind)
+    if idx is None:
+        idx = node.memo[kind] = _build_index(node, kind)
+    return idx
+
+
+def _build_index(node: Node, kind: Kind) -> IdIndex:
+    per_gpu = tuple((g.uuid, frozenset(device_ids(g, kind, node.unit))) for g in node.gpus)
+    every = frozenset().union(*(ids for _, ids in per_gpu))
+    return IdIndex(every, per_gpu, {i: decode_id(i)[2] for i in every})
+
+
+def group_ids(node: Node, kind: Kind, ids: Sequence[str], what: str = "device IDs") -> dict[str, set[str]]:
+    """Map IDs of `kind` to {GPU UUID: {IDs}} in GPU index order; RequestError on any bad or repeated ID."""
+    idx = id_index(node, kind)
+    wanted = set(ids)
+    if len(wanted) != len(ids):
         dup = next(i for n, i in enumerate(ids) if i in ids[:n])
         raise RequestError(f"{node.resource_name(kind)}: {what} name {dup!r} twice; each device can be given once")
+    if not wanted <= idx.every:
+        _diagnose(node, kind, [i for i in ids if i not in idx.every], what)
+    groups: dict[str, set[str]] = {}
+    for uuid, mine in idx.per_gpu:
+        common = wanted & mine
+        if common:
+            groups[uuid] = common
     return groups
 
 

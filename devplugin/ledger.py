@@ -11,27 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from devplugin.idsets import id_index
 from devplugin.node import Node
 from devplugin.units import Kind
 
 
 class Ledger:
-    """Free unit numbers per (resource, GPU), as last told by the kubelet."""
+    """Free device IDs per (resource, GPU), as last told by the kubelet."""
 
     def __init__(self, node: Node) -> None:
         self._node = node
-        self._free: dict[Kind, dict[str, set[int]]] = {
-            kind: {g.uuid: set(range(node.units(g.uuid, kind))) for g in node.gpus} for kind in Kind
+        self._free: dict[Kind, dict[str, set[str]]] = {
+            kind: {uuid: set(ids) for uuid, ids in id_index(node, kind).per_gpu} for kind in Kind
         }
 
-    def observe_available(self, kind: Kind, available: Mapping[str, Iterable[int]]) -> None:
-        """The kubelet's `available` set for `kind` replaces what we knew."""
-        self._free[kind] = {g.uuid: set(available.get(g.uuid, ())) for g in self._node.gpus}
+    def observe_available(self, kind: Kind, available: Mapping[str, set[str]]) -> None:
+        """The kubelet's `available` set for `kind` (grouped by GPU, owned by the ledger from now on) replaces
+        what we knew."""
+        self._free[kind] = {g.uuid: available.get(g.uuid) or set() for g in self._node.gpus}
 
-    def take(self, kind: Kind, uuid: str, units: Iterable[int]) -> None:
-        self._free[kind][uuid].difference_update(units)
+    def take(self, kind: Kind, uuid: str, ids: Iterable[str]) -> None:
+        self._free[kind][uuid].difference_update(ids)
 
-    def mark_allocated(self, kind: Kind, allocated: Mapping[str, Iterable[int]]) -> None:
+    def mark_allocated(self, kind: Kind, allocated: Mapping[str, Iterable[str]]) -> None:
         """Devices the kubelet already gave to containers (from PodResources after a restart)."""
         for uuid, units in allocated.items():
             if uuid in self._free[kind]:

@@ -31,6 +31,7 @@ class Node:
     unit: MemUnit = MemUnit(1024)
     domain: str = "aliyun.com"
     by_uuid: dict[str, GPU] = field(init=False, repr=False, compare=False)
+    memo: dict = field(init=False, repr=False, compare=False)  # derived tables, built once (idsets.id_index)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -38,6 +39,7 @@ class Node:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} is not valid: use binpack or spread")
         object.__setattr__(self, "by_uuid", {g.uuid: g for g in self.gpus})
+        object.__setattr__(self, "memo", {})
         if len(self.by_uuid) != len(self.gpus):
             raise ValueError("two GPUs report the same UUID; check the driver")
 

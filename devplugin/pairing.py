@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from devplugin.units import Kind
@@ -69,14 +69,17 @@ class PairingBook:
         dec.touched = now
         return dec
 
-    def forget_rolled_back(self, kind: Kind, available: Iterable[str]) -> None:
+    def forget_rolled_back(self, kind: Kind, available: Mapping[str, set[str]]) -> None:
         """Drop `kind` from the open decision if the kubelet offers its devices again.
 
         The kubelet can reject a container by itself (too few devices of its next resource) without calling
-        us; it then releases what the container got. Seeing those IDs back in `available` tells us so.
+        us; it then releases what the container got. Seeing those IDs back in `available` (by GPU) tells us so.
         """
         dec = self._open
-        if dec is None or kind not in dec.allocated or not set(dec.allocated[kind]) <= set(available):
+        if dec is None or kind not in dec.allocated:
+            return
+        offered = set().union(*(available.get(uuid, ()) for uuid in dec.gpus))
+        if not offered.issuperset(dec.allocated[kind]):
             return
         del dec.allocated[kind]
         dec.preferred.pop(kind, None)

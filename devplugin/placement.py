@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 from devplugin.node import Node
+
+T = TypeVar("T")
 
 
 def pick_gpu(node: Node, room: Mapping[str, int], need: int, policy: str) -> str | None:
@@ -22,17 +26,12 @@ def pick_gpu(node: Node, room: Mapping[str, int], need: int, policy: str) -> str
     return min(fits, key=lambda t: (t[0], t[1]))[2]
 
 
-def pick_units(free: Sequence[int], must: Sequence[int], need: int) -> list[int]:
-    """`need` unit numbers from `free`: all of `must` first, then the lowest free ones."""
-    chosen = list(must)
-    taken = set(must)
-    for n in sorted(free):
-        if len(chosen) >= need:
-            break
-        if n not in taken:
-            chosen.append(n)
-            taken.add(n)
-    return chosen
+def pick_units(free: Collection[T], must: Collection[T], need: int,
+               key: Callable[[T], int] | None = None) -> list[T]:
+    """`need` units from `free`: all of `must` first, then the lowest free ones (by `key`, e.g. unit number)."""
+    chosen = sorted(must, key=key)  # type: ignore[arg-type]
+    rest = set(free).difference(chosen)
+    return chosen + heapq.nsmallest(max(need - len(chosen), 0), rest, key=key)
 
 
 def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], need: int) -> list[str] | None:
