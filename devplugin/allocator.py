@@ -36,12 +36,10 @@ class MountSpec:
 class Grant:
     """What one Allocate gives a container."""
 
-    kind: Kind
     gpus: tuple[str, ...]
     device_ids: tuple[str, ...]
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...] = ()
-    alloc_id: str = ""
 
 
 # Called on each shared Allocate with (decision, node) -> mounts; the shim delivery plugs in here.
@@ -211,7 +209,7 @@ class Allocator:
                 self.recent.add(kind, len(ids))
             envs = container_envs(self.node, kind, uuids, len(ids))
             mounts = tuple(self.mounts(dec, self.node)) if self.mounts and kind is not Kind.COUNT else ()
-            grant = Grant(kind, uuids, tuple(ids), envs, mounts, dec.alloc_id)
+            grant = Grant(uuids, tuple(ids), envs, mounts)
         log.info(
             "allocated %d %s on GPU %s", len(ids), res, envs.get("ALIYUN_COM_GPU_MEM_IDX"),
             extra={"fields": {"resource": res, "gpu": ",".join(uuids), "devices": len(ids),

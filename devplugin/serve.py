@@ -15,6 +15,8 @@ from devplugin.gpu.health import HealthWatcher
 from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
 from devplugin.node import MODES, Node
 from devplugin.plugin.devices import DeviceBoard
+from devplugin.shim_delivery import Janitor, shim_provider
+from devplugin.shim_files import ShimPaths
 from devplugin.units import UnitTooFine, check_message_size
 
 log = logging.getLogger(__name__)
@@ -85,32 +87,30 @@ def run(cfg: Config) -> int:
     return 0
 
 
+def shim_paths(cfg: Config) -> ShimPaths:
+    return ShimPaths(host_root=Path(cfg.shim_state_dir), host_lib=Path(cfg.shim_lib))
+
+
 def shim_mounts(cfg: Config) -> MountProvider | None:
     """The mount provider that delivers the isolation shim, per --shim; ValueError when --shim on cannot hold."""
     if cfg.shim == "off":
         return None
-    lib = Path(cfg.shim_lib)
-    if not lib.is_file():
+    paths = shim_paths(cfg)
+    if not paths.host_lib.is_file():
         if cfg.shim == "on":
-            raise ValueError(f"--shim on but the shim library {lib} does not exist: install it (the DaemonSet's "
-                             "init container copies it) or set --shim-lib")
+            raise ValueError(f"--shim on but the shim library {paths.host_lib} does not exist: install it (the "
+                             "DaemonSet's init container copies it) or set --shim-lib")
         log.warning("shim library %s not found: shared containers get their limits as env only, without "
-                    "enforcement (set --shim on to refuse to start instead)", lib)
+                    "enforcement (set --shim on to refuse to start instead)", paths.host_lib)
         return None
-    from devplugin.shim_delivery import shim_provider
-    from devplugin.shim_files import ShimPaths
-
-    return shim_provider(ShimPaths(host_root=Path(cfg.shim_state_dir), host_lib=lib))
+    return shim_provider(paths)
 
 
-def start_janitor(cfg: Config, daemon: Daemon) -> object | None:
+def start_janitor(cfg: Config, daemon: Daemon) -> Janitor | None:
     """Clean up shim files of ended containers (at start, then every 10 minutes)."""
     if daemon.allocator.mounts is None:
         return None
-    from devplugin.shim_delivery import Janitor
-    from devplugin.shim_files import ShimPaths
-
-    janitor = Janitor(ShimPaths(host_root=Path(cfg.shim_state_dir), host_lib=Path(cfg.shim_lib)),
-                      cfg.pod_resources_socket, {daemon.node.resource_name(k) for k in daemon.node.kinds})
+    janitor = Janitor(shim_paths(cfg), cfg.pod_resources_socket,
+                      {daemon.node.resource_name(k) for k in daemon.node.kinds})
     janitor.start()
     return janitor

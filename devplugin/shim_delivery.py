@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from devplugin import contract
 from devplugin.allocator import MountProvider, MountSpec
-from devplugin.cluster.podresources import held_devices
+from devplugin.cluster.podresources import containers_devices
 from devplugin.node import Node
 from devplugin.pairing import Decision, allocation_id
 from devplugin.shim_files import ShimPaths, cleanup, prepare_container
@@ -40,37 +40,34 @@ def shim_provider(paths: ShimPaths) -> MountProvider:
     def provide(decision: Decision, node: Node) -> Sequence[MountSpec]:
         if node.mode == "share":  # no isolation: the application limits itself from its env
             return ()
-        mounts = prepare_container(paths, decision.alloc_id, limits_for(decision, node))
-        return tuple(MountSpec(m.container_path, m.host_path, m.read_only) for m in mounts)
+        return prepare_container(paths, decision.alloc_id, limits_for(decision, node))
 
     return provide
 
 
-def live_allocation_ids(held: dict[str, list[list[str]]]) -> set[str]:
+def live_allocation_ids(containers: list[dict[str, list[str]]]) -> set[str]:
     """Every allocation id a live container may own: one candidate per resource it holds."""
-    return {allocation_id(ids) for per_container in held.values() for ids in per_container if ids}
+    return {allocation_id(ids) for container in containers for ids in container.values() if ids}
 
 
 class Janitor:
     """Removes per-container shim files of containers the kubelet no longer knows, at start and every 10 min."""
 
     def __init__(self, paths: ShimPaths, pod_resources_socket: str, resources: set[str],
-                 list_containers: Callable[[str, set[str]], dict[str, list[list[str]]] | None] | None = None,
                  interval_s: float = CLEANUP_INTERVAL_S, min_age_s: float = MIN_AGE_S) -> None:
         self.paths = paths
         self.socket = pod_resources_socket
         self.resources = resources
-        self.list_containers = list_containers or _containers_devices
         self.interval_s = interval_s
         self.min_age_s = min_age_s
         self._timer: threading.Timer | None = None
         self._stopped = threading.Event()
 
     def sweep(self) -> list[str]:
-        held = self.list_containers(self.socket, self.resources)
-        if held is None:
+        containers = containers_devices(self.socket, self.resources)
+        if containers is None:
             return []  # never delete when the kubelet cannot say what is live
-        live = live_allocation_ids(held)
+        live = live_allocation_ids(containers)
         root = Path(self.paths.host_root) / "containers"
         now = time.time()
         if root.is_dir():
@@ -100,7 +97,3 @@ class Janitor:
         if self._timer:
             self._timer.cancel()
 
-
-def _containers_devices(socket: str, resources: set[str]) -> dict[str, list[list[str]]] | None:
-    """{resource: [[IDs of one container], ...]} from PodResources, or None when it cannot be asked."""
-    return held_devices(socket, resources, per_container=True)  # type: ignore[return-value]

@@ -42,21 +42,18 @@ class PluginServer:
 
     def serving(self) -> bool:
         """True while our socket file is still in place (the kubelet deletes it when it restarts)."""
-        try:
-            return self._server is not None and os.stat(self.path).st_ino == self._inode
-        except FileNotFoundError:
-            return False
+        return self._server is not None and self._socket_is_ours()
 
     def stop(self, grace_s: float = 0.2) -> None:
         if self._server is None:
             return
         self._server.stop(grace_s).wait()
         self._server = None
-        if self.serving_file_is_ours():
+        if self._socket_is_ours():
             self.path.unlink()
         self._inode = None
 
-    def serving_file_is_ours(self) -> bool:
+    def _socket_is_ours(self) -> bool:
         try:
             return os.stat(self.path).st_ino == self._inode
         except FileNotFoundError:
