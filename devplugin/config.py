@@ -64,7 +64,13 @@ class Config:
             ) from None
 
     def validate(self) -> None:
-        """Raise ValueError naming the setting that is wrong and how to fix it."""
+        """Raise ValueError naming the setting that is wrong and how to fix it (env values skip argparse's
+        choices check, so choices are checked here too)."""
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)!r} is not one of "
+                                 f"{', '.join(repr(c) for c in choices)} (set by flag or {self.env_name(f.name)})")
         self.unit()
         self.ignored_xid_set()
         if not self.resource_domain or "/" in self.resource_domain:
@@ -82,8 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
         kind = type(f.default)
         choices = f.metadata.get("choices")
+        try:
+            default = kind(default)
+        except ValueError:
+            parser.error(f"env {env}={default!r} is not a {kind.__name__}")
         parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=kind(default), choices=choices,
+            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=default, choices=choices,
             help=f"{f.metadata['help']} (env {env}; default {f.default!r})",
         )
 

@@ -53,3 +53,33 @@ def test_mixed_sizes_keep_their_own_size() -> None:
     with running(gpus) as r:
         assert r.registered_all()
         assert r.kubelet.allocatable()[MEM] == 80 + 80 + 24 + 24
+
+
+def test_waits_for_a_missing_kubelet_then_registers() -> None:
+    import shutil
+
+    from devplugin.serve import build
+    from devplugin.sim.fake_driver import FakeDriver, load_in_process, seed_node
+    from devplugin.sim.kubelet import KubeletEmulator
+    from tests.daemon_harness import config, short_dir
+
+    root = short_dir()
+    load_in_process()
+    driver = FakeDriver.create(root / "drv", seed_node(2, 15360))
+    os.environ["FAKE_NVML_CONFIG"] = str(driver.config_path)
+    cfg = config(root)
+    built = build(cfg)
+    assert built is not None
+    daemon, _ = built
+    daemon.start()  # no kubelet.sock yet: the daemon serves and waits
+    try:
+        kubelet = KubeletEmulator(r_dir := root / "dp", root / "pr" / "kubelet.sock")
+        assert (r_dir / socket_name("aliyun.com", Kind.MEM)).exists()
+        kubelet.start()  # like a kubelet start: sockets wiped, kubelet.sock created
+        try:
+            assert kubelet.wait_for(lambda k: k.allocatable() == {MEM: 30, CORE: 200, COUNT: 2}, timeout=10)
+        finally:
+            kubelet.stop()
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
