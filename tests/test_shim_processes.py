@@ -58,8 +58,8 @@ def test_a_process_that_exits_gives_its_memory_back_at_once(node):
     assert run(env, "init", "ctx", 0, "nvml", 0)[2]["used"] == 0
 
 
-def test_a_lock_holder_killed_mid_update_blocks_nobody(node):
-    # A process dies holding the accounting file's lock, halfway through registering a slot that claims 1 GiB.
+def kill_a_lock_holder(node) -> int:
+    """Start a process that takes the accounting lock and half-registers a 1 GiB slot on GPU 0, then SIGKILL it."""
     holder = subprocess.Popen([str(TESTS / "gs_lock_holder"), str(node.cache), node.uuid(0), str(GiB)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -67,6 +67,12 @@ def test_a_lock_holder_killed_mid_update_blocks_nobody(node):
     finally:
         holder.kill()
         holder.wait(timeout=10)
+    return holder.pid
+
+
+def test_a_lock_holder_killed_mid_update_blocks_nobody(node):
+    # A process dies holding the accounting file's lock, halfway through registering a slot that claims 1 GiB.
+    kill_a_lock_holder(node)
     steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "fill", "alloc", "256m", timeout=20)
     assert steps[2]["bytes"] == 2 * GiB
 
@@ -74,16 +80,10 @@ def test_a_lock_holder_killed_mid_update_blocks_nobody(node):
 def test_a_reused_pid_does_not_keep_a_dead_process_s_memory(node):
     # A slot written by a process that is gone, with the pid of a live process (this test's) but another
     # start time: the pid was reused, and the memory is given back.
-    holder = subprocess.Popen([str(TESTS / "gs_lock_holder"), str(node.cache), node.uuid(0), str(GiB)],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-    finally:
-        holder.kill()
-        holder.wait(timeout=10)
+    holder_pid = kill_a_lock_holder(node)
     with open(node.cache, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
         slots = 64 + 16 * (96 + 8)  # struct gs_region: header, 16 GPU entries, then the slots
-        assert struct.unpack_from("<i", mm, slots)[0] == holder.pid
+        assert struct.unpack_from("<i", mm, slots)[0] == holder_pid
         struct.pack_into("<iiQ", mm, slots, os.getpid(), 0, 1)  # alive pid, impossible start time
     steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "fill", "alloc", "256m")
     assert steps[2]["bytes"] == 2 * GiB
