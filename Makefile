@@ -36,8 +36,10 @@ contract: $(VENV)/.installed
 	$(PY) -m devplugin.contract > shim/gpushare_contract.h
 
 bench: all
+	$(PY) bench/handlers.py
 	$(PY) bench/admission.py
 	$(PY) bench/restart_and_health.py
+	$(PY) bench/shim_overhead.py
 
 # The gRPC C++ toolchain for the compiled admission client (bench/cpp), which bench/admission.py prefers.
 .PHONY: bench-deps
