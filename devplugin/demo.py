@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from devplugin import contract
 from devplugin.sim.fake_driver import FakeDriver, seed_node
 from devplugin.sim.kubelet import AdmissionError, ContainerResult, KubeletEmulator
 from devplugin.sim.pods import ContainerSpec, PodSpec
+from devplugin.units import decode_id
 
 DOMAIN = "aliyun.com"
 MEM, CORE, COUNT = (f"{DOMAIN}/gpu-mem", f"{DOMAIN}/gpu-core.percentage", f"{DOMAIN}/gpu-count")
@@ -74,22 +76,15 @@ def _show_allocatable(kubelet: KubeletEmulator) -> None:
 
 def _show_usage(kubelet: KubeletEmulator, uuids: list[str]) -> None:
     """Per GPU, what the admitted containers hold (from the kubelet's own allocations)."""
-    used: dict[str, dict[str, int]] = {}
+    used: Counter[tuple[str, str]] = Counter()  # (GPU UUID, resource) -> devices
     for containers in kubelet.allocations().values():
         for resources in containers.values():
-            for res, ids in resources.items():
-                for dev in ids:
-                    gpu = dev.split("::")[0]
-                    used.setdefault(gpu, {}).setdefault(res, 0)
-                    used[gpu][res] += 1
-    totals: dict[str, dict[str, int]] = {}
-    for res in (MEM, CORE, COUNT):
-        for dev in kubelet.devices(res):
-            totals.setdefault(dev.split("::")[0], {}).setdefault(res, 0)
-            totals[dev.split("::")[0]][res] += 1
+            used.update((decode_id(dev)[0], res) for res, ids in resources.items() for dev in ids)
+    totals = Counter((decode_id(dev)[0], res) for res in (MEM, CORE, COUNT) for dev in kubelet.devices(res))
     _say("  per GPU, held by containers (what `kubectl inspect gpushare` would show):")
     for i, gpu in enumerate(uuids):
-        u, t = used.get(gpu, {}), totals.get(gpu, {})
+        u = {res: used[gpu, res] for res in (MEM, CORE, COUNT)}
+        t = {res: totals[gpu, res] for res in (MEM, CORE, COUNT)}
         whole = " (whole, gpu-count)" if u.get(COUNT) else ""
         _say(f"    GPU{i}: gpu-mem {u.get(MEM, 0):>2}/{t.get(MEM, 0)} GiB, "
              f"gpu-core {u.get(CORE, 0):>3}/{t.get(CORE, 0)} %{whole}")
