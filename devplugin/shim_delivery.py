@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from devplugin import contract
 from devplugin.allocator import MountProvider, MountSpec
@@ -67,12 +65,7 @@ class Janitor:
         containers = containers_devices(self.socket, self.resources)
         if containers is None:
             return []  # never delete when the kubelet cannot say what is live
-        live = live_allocation_ids(containers)
-        root = Path(self.paths.host_root) / "containers"
-        now = time.time()
-        if root.is_dir():
-            live |= {d.name for d in root.iterdir() if now - d.stat().st_mtime < self.min_age_s}
-        removed = cleanup(self.paths, live)
+        removed = cleanup(self.paths, live_allocation_ids(containers), self.min_age_s)
         if removed:
             log.info("removed shim files of %d ended containers", len(removed),
                      extra={"fields": {"removed": ",".join(removed)}})

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -130,17 +131,21 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits) 
     ]
 
 
-def cleanup(paths: ShimPaths, live_alloc_ids: set[str]) -> list[str]:
+def cleanup(paths: ShimPaths, live_alloc_ids: set[str], min_age_s: float = 0.0) -> list[str]:
     """Remove the directories of containers not in live_alloc_ids; return their alloc_ids, sorted.
-    Entries that are not alloc_id directories are left alone."""
+    Entries that are not alloc_id directories, and directories changed less than min_age_s ago (a container
+    still starting may not be listed yet), are left alone."""
     root = Path(paths.host_root) / CONTAINERS
     removed = []
     try:
         entries = list(root.iterdir())
     except FileNotFoundError:
         return []
+    young = time.time() - min_age_s
     for entry in entries:
         if not ALLOC_ID.fullmatch(entry.name) or entry.name in live_alloc_ids or not entry.is_dir():
+            continue
+        if min_age_s and entry.lstat().st_mtime > young:
             continue
         if entry.is_symlink():
             entry.unlink()

@@ -60,3 +60,12 @@ def test_janitor_deletes_nothing_when_the_kubelet_cannot_say(tmp_path: Path) -> 
     janitor = Janitor(ShimPaths(host_root=tmp_path), "/nonexistent.sock", {MEM}, min_age_s=0)
     assert janitor.sweep() == []
     assert (tmp_path / "containers" / "abc").is_dir()
+
+
+def test_cleanup_keeps_a_young_directory_whose_container_may_still_be_starting(tmp_path: Path) -> None:
+    from devplugin.shim_files import cleanup
+
+    (tmp_path / "containers" / "abc").mkdir(parents=True)
+    paths = ShimPaths(host_root=tmp_path)
+    assert cleanup(paths, set(), min_age_s=600) == []
+    assert cleanup(paths, set()) == ["abc"]
