@@ -20,7 +20,7 @@ native:
 	@if [ -f shim/Makefile ]; then $(MAKE) -C shim BUILD=$(abspath $(BUILD))/shim; fi
 
 demo: all
-	$(VENV)/bin/devplugin demo
+	$(PY) -m devplugin demo
 
 test: all
 	$(PY) -m ruff check .

@@ -26,11 +26,11 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import CORE, MEM, REPO, gpus, percentile, start_daemon, stop, workdir  # noqa: E402
+from devplugin.allocation.units import Kind  # noqa: E402
 from devplugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
-from devplugin.daemon import socket_name  # noqa: E402
-from devplugin.sim.fake_driver import FakeDriver  # noqa: E402
-from devplugin.sim.kubelet import KubeletEmulator  # noqa: E402
-from devplugin.units import Kind  # noqa: E402
+from devplugin.deviceplugin.daemon import socket_name  # noqa: E402
+from devplugin_sim.fake_driver import FakeDriver  # noqa: E402
+from devplugin_sim.kubelet import KubeletEmulator  # noqa: E402
 
 WARMUP = 50
 CPP_DIR = REPO / "bench" / "cpp"

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from devplugin.sim.fake_driver import FakeDriver, FakeGPU
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU
 
 REPO = Path(__file__).resolve().parents[1]
 DOMAIN = "aliyun.com"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devplugin.allocator import Allocator  # noqa: E402
+from devplugin.allocation.allocator import Allocator  # noqa: E402
+from devplugin.allocation.node import Node  # noqa: E402
+from devplugin.allocation.units import Kind, device_ids  # noqa: E402
 from devplugin.api.deviceplugin.v1beta1 import api_pb2  # noqa: E402
 from devplugin.gpu.inventory import GPU  # noqa: E402
-from devplugin.node import Node  # noqa: E402
-from devplugin.units import Kind, device_ids  # noqa: E402
 
 
 def as_received(ids: list[str], size: int) -> api_pb2.ContainerPreferredAllocationRequest:

@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import CORE, COUNT, MEM, gpus, percentile, start_daemon, stop, workdir  # noqa: E402
-from devplugin.sim.fake_driver import FakeDriver  # noqa: E402
-from devplugin.sim.kubelet import KubeletEmulator  # noqa: E402
+from devplugin_sim.fake_driver import FakeDriver  # noqa: E402
+from devplugin_sim.kubelet import KubeletEmulator  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from devplugin import contract  # noqa: E402
-from devplugin.sim.fake_driver import FakeDriver, FakeGPU  # noqa: E402
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU  # noqa: E402
 
 BUILD = REPO / "build"
 SHIM = BUILD / "shim" / "libgpushare.so"

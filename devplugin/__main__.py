@@ -1,5 +1,5 @@
 import sys
 
-from devplugin.cli import main
+from devplugin.app.cli import main
 
 sys.exit(main())

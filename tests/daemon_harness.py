@@ -11,12 +11,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from devplugin.config import Config
-from devplugin.daemon import Daemon
+from devplugin.app.config import Config
+from devplugin.app.serve import build, shim_mounts
+from devplugin.deviceplugin.daemon import Daemon
 from devplugin.gpu.health import HealthWatcher
-from devplugin.serve import build, shim_mounts
-from devplugin.sim.fake_driver import FakeDriver, FakeGPU, load_in_process, seed_node
-from devplugin.sim.kubelet import KubeletEmulator
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU, load_in_process, seed_node
+from devplugin_sim.kubelet import KubeletEmulator
 
 DOMAIN = "aliyun.com"
 MEM, CORE, COUNT = f"{DOMAIN}/gpu-mem", f"{DOMAIN}/gpu-core.percentage", f"{DOMAIN}/gpu-count"

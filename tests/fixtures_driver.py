@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devplugin.sim.fake_driver import CONFIG_ENV, FakeDriver, FakeGPU, load_in_process, nvml_refcount, seed_node
+from devplugin_sim.fake_driver import CONFIG_ENV, FakeDriver, FakeGPU, load_in_process, nvml_refcount, seed_node
 
 
 def _release_nvml() -> int:

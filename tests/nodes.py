@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from devplugin.allocator import Allocator, Grant
+from devplugin.allocation.allocator import Allocator, Grant
+from devplugin.allocation.node import Node
+from devplugin.allocation.units import Kind, MemUnit, device_ids
 from devplugin.gpu.inventory import GPU
-from devplugin.node import Node
-from devplugin.units import Kind, MemUnit, device_ids
 
 GiB = 1 << 30
 

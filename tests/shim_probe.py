@@ -1,6 +1,6 @@
 """Running the shim's C test programs (shim/tests, built into build/shim/tests) over the fake driver.
 
-Each test gets a fake node (devplugin.sim.fake_driver) and runs `gs_probe` in a subprocess, with the shim
+Each test gets a fake node (devplugin_sim.fake_driver) and runs `gs_probe` in a subprocess, with the shim
 preloaded or not; the probe prints one JSON object per step.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devplugin import contract
-from devplugin.sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from devplugin.allocator import Allocator
-from devplugin.errors import NoRoom, PairingConflict, RequestError
-from devplugin.units import Kind, encode_id
+from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
+from devplugin.allocation.units import Kind, encode_id
 from tests.nodes import MiniKubelet, make_node
 
 MEM, CORE, COUNT = Kind.MEM, Kind.CORE, Kind.COUNT

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from devplugin.config import Config
+from devplugin.app.config import Config
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from devplugin.sim.kubelet import AdmissionError
-from devplugin.sim.pods import ContainerSpec, PodSpec
+from devplugin_sim.kubelet import AdmissionError
+from devplugin_sim.pods import ContainerSpec, PodSpec
 from tests.daemon_harness import CORE, COUNT, MEM, running
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from devplugin.daemon import socket_name
-from devplugin.units import Kind
+from devplugin.allocation.units import Kind
+from devplugin.deviceplugin.daemon import socket_name
 from tests.daemon_harness import CORE, COUNT, MEM, running
 
 
@@ -45,7 +45,7 @@ def test_cgpu_mode_serves_memory_and_count_only() -> None:
 
 
 def test_mixed_sizes_keep_their_own_size() -> None:
-    from devplugin.sim.fake_driver import FakeGPU
+    from devplugin_sim.fake_driver import FakeGPU
 
     gpus = [FakeGPU(index=i, uuid=f"GPU-aaaaaaaa-0000-0000-0000-00000000000{i}", name="mixed",
                     memory_mib=m, minor=i, pci_bus_id=f"00000000:0{i + 1}:00.0", numa_node=0, sms=100)
@@ -58,9 +58,9 @@ def test_mixed_sizes_keep_their_own_size() -> None:
 def test_waits_for_a_missing_kubelet_then_registers() -> None:
     import shutil
 
-    from devplugin.serve import build
-    from devplugin.sim.fake_driver import FakeDriver, load_in_process, seed_node
-    from devplugin.sim.kubelet import KubeletEmulator
+    from devplugin.app.serve import build
+    from devplugin_sim.fake_driver import FakeDriver, load_in_process, seed_node
+    from devplugin_sim.kubelet import KubeletEmulator
     from tests.daemon_harness import config, short_dir
 
     root = short_dir()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from devplugin.serve import build
-from devplugin.sim.kubelet import AdmissionError
+from devplugin.app.serve import build
+from devplugin_sim.kubelet import AdmissionError
 from tests.daemon_harness import COUNT, running
 from tests.test_daemon_admission import pod
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from devplugin.allocator import Allocator
-from devplugin.units import Kind
+from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.units import Kind
 from tests.nodes import MiniKubelet, make_node
 
 MEM, CORE = Kind.MEM, Kind.CORE

@@ -13,7 +13,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from devplugin.sim.fake_driver import (
+from devplugin_sim.fake_driver import (
     FakeDriver,
     FakeGPU,
     c_state_layout,

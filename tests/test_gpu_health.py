@@ -10,7 +10,7 @@ import pytest
 
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, WAIT_TIMEOUT_MS, HealthWatcher
 from devplugin.gpu.inventory import enumerate_gpus
-from devplugin.sim.fake_driver import FakeGPU, nvml_refcount, seed_node, seed_uuid
+from devplugin_sim.fake_driver import FakeGPU, nvml_refcount, seed_node, seed_uuid
 
 
 class Changes:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
-from devplugin.sim.fake_driver import FakeGPU, nvml_refcount, seed_node, seed_uuid
+from devplugin_sim.fake_driver import FakeGPU, nvml_refcount, seed_node, seed_uuid
 
 GIB = 1 << 30
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import pytest
 from devplugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from devplugin.api.podresources.v1 import api_pb2 as pr_pb2
 from devplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from devplugin.sim.kubelet import (
+from devplugin_sim.kubelet import (
     AdmissionError,
     ContainerSpec,
     KubeletEmulator,

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from devplugin.cluster.labels import mode_from_labels, resolve
+from devplugin.kube.labels import mode_from_labels, resolve
 
 
 def test_unreachable_apiserver_falls_back_to_flags(tmp_path: Path) -> None:

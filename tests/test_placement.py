@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devplugin.allocator import Allocator
-from devplugin.errors import NoRoom, PairingConflict
-from devplugin.placement import pick_gpu, pick_units
-from devplugin.units import Kind
+from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.errors import NoRoom, PairingConflict
+from devplugin.allocation.placement import pick_gpu, pick_units
+from devplugin.allocation.units import Kind
 from tests.nodes import MiniKubelet, make_node, shuffled
 
 MEM, CORE, COUNT = Kind.MEM, Kind.CORE, Kind.COUNT

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from devplugin.sim.fake_driver import FakeDriver, FakeGPU, seed_node
-from devplugin.sim.kubelet import KubeletEmulator
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_node
+from devplugin_sim.kubelet import KubeletEmulator
 from tests.daemon_harness import COUNT, MEM, short_dir
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from devplugin import contract
-from devplugin.serve import shim_mounts
-from devplugin.shim_delivery import Janitor
-from devplugin.shim_files import ShimPaths
+from devplugin.app.serve import shim_mounts
+from devplugin.isolation.shim_delivery import Janitor
+from devplugin.isolation.shim_files import ShimPaths
 from tests.daemon_harness import CORE, MEM, running
 from tests.test_daemon_admission import pod
 
@@ -27,7 +27,7 @@ def test_seed_job_gets_the_shim_and_its_limits_file() -> None:
 
 
 def test_shim_on_without_the_library_refuses_to_start() -> None:
-    from devplugin.config import Config
+    from devplugin.app.config import Config
 
     try:
         shim_mounts(Config(shim="on", shim_lib="/nonexistent/libgpushare.so"))
@@ -63,7 +63,7 @@ def test_janitor_deletes_nothing_when_the_kubelet_cannot_say(tmp_path: Path) -> 
 
 
 def test_cleanup_keeps_a_young_directory_whose_container_may_still_be_starting(tmp_path: Path) -> None:
-    from devplugin.shim_files import cleanup
+    from devplugin.isolation.shim_files import cleanup
 
     (tmp_path / "containers" / "abc").mkdir(parents=True)
     paths = ShimPaths(host_root=tmp_path)

@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from devplugin import contract
-from devplugin.allocator import MountSpec
-from devplugin.shim_files import ShimPaths, cleanup, prepare_container
+from devplugin.allocation.allocator import MountSpec
+from devplugin.isolation.shim_files import ShimPaths, cleanup, prepare_container
 from tests.shim_probe import GiB, make_node, run
 
 UUID_A = "GPU-0b6a1c2d-1111-2222-3333-444455556666"

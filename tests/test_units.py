@@ -6,10 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devplugin.api.deviceplugin.v1beta1 import api_pb2
-from devplugin.node import Node
-from devplugin.plugin.devices import DeviceBoard
-from devplugin.units import (
+from devplugin.allocation.node import Node
+from devplugin.allocation.units import (
     InvalidDeviceID,
     Kind,
     MemUnit,
@@ -22,6 +20,8 @@ from devplugin.units import (
     parse_mem_unit,
     units_per_gpu,
 )
+from devplugin.api.deviceplugin.v1beta1 import api_pb2
+from devplugin.deviceplugin.devices import DeviceBoard
 from tests.nodes import make_gpus
 
 uuids = st.uuids().map(lambda u: f"GPU-{u}")

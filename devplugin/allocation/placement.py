@@ -1,0 +1,60 @@
+"""Which GPU a container's share lands on: binpack (least room that fits) or spread (most room)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
+
+from devplugin.allocation.node import Node
+
+T = TypeVar("T")
+
+
+def pick_gpu(node: Node, room: Mapping[str, int], need: int, policy: str) -> str | None:
+    """The UUID of the GPU to use for `need` units given free `room` per GPU, or None if none fits.
+
+    binpack fills the fullest GPU that still fits (least free units, then lowest index);
+    spread takes the emptiest (most free units, then lowest index). Only GPUs in `room` are considered.
+    """
+    fits = [(free, node.by_uuid[uuid].index, uuid) for uuid, free in room.items() if free >= need]
+    if not fits:
+        return None
+    if policy == "spread":
+        return min(fits, key=lambda t: (-t[0], t[1]))[2]
+    return min(fits, key=lambda t: (t[0], t[1]))[2]
+
+
+def pick_units(free: Collection[T], must: Collection[T], need: int,
+               key: Callable[[T], int] | None = None) -> list[T]:
+    """`need` units from `free`: all of `must` first, then the lowest free ones (by `key`, e.g. unit number)."""
+    chosen = sorted(must, key=key)  # type: ignore[arg-type]
+    rest = set(free).difference(chosen)
+    return chosen + heapq.nsmallest(max(need - len(chosen), 0), rest, key=key)
+
+
+def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], need: int) -> list[str] | None:
+    """`need` whole GPUs: those in `must` first, then by NUMA node of the first pick and index."""
+    chosen = list(must)
+    rest = [u for u in candidates if u not in chosen]
+    numa = node.by_uuid[chosen[0]].numa_node if chosen else None
+    rest.sort(key=lambda u: (node.by_uuid[u].numa_node != numa if numa is not None else False,
+                             node.by_uuid[u].index))
+    chosen += rest[: max(need - len(chosen), 0)]
+    return chosen if len(chosen) == need else None
+
+
+class RecentShares:
+    """What recent containers asked for, per resource: the room to keep for a container's other half."""
+
+    def __init__(self, minimum: Mapping[object, int], history: int = 16) -> None:
+        self._minimum = dict(minimum)
+        self._seen: dict[object, deque[int]] = {k: deque(maxlen=history) for k in minimum}
+
+    def add(self, kind: object, amount: int) -> None:
+        self._seen[kind].append(amount)
+
+    def reserve(self, kind: object) -> int:
+        """The largest recent request of `kind` (at least the minimum share)."""
+        return max(self._seen[kind], default=self._minimum[kind])

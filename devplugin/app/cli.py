@@ -1,0 +1,45 @@
+"""`devplugin serve` (the node daemon) and `devplugin demo` (the daemon on a simulated node)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from devplugin.app import logs
+from devplugin.app.config import add_arguments, from_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="devplugin",
+        description="Share GPUs between Kubernetes pods: serves aliyun.com/gpu-mem, gpu-core.percentage and "
+        "gpu-count to the kubelet.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve", help="run the node daemon (a DaemonSet on every GPU node)",
+        description="Run the device-plugin daemon. Every flag can also be set by the env var named in its help.",
+    )
+    add_arguments(serve)
+    demo = sub.add_parser("demo", help="run the real daemon on a simulated 4 x 15 GiB node and admit example pods")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary directory for inspection")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        try:
+            cfg = from_args(args)
+        except ValueError as exc:
+            parser.exit(2, f"devplugin serve: {exc}\n")
+        logs.setup(cfg.log_level, cfg.log_format)
+        from devplugin.app.serve import run
+
+        return run(cfg)
+    try:
+        from devplugin_sim.demo import run_demo
+    except ImportError:
+        parser.exit(2, "devplugin demo: the simulated node (devplugin_sim) ships with the source checkout only; "
+                    "run `make demo` there\n")
+    return run_demo(keep=args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""`devplugin serve`: one gRPC server per resource, registered with the kubelet and kept registered."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.node import Node
+from devplugin.allocation.units import Kind
+from devplugin.deviceplugin.devices import DeviceBoard
+from devplugin.deviceplugin.registration import RegistrationError, register
+from devplugin.deviceplugin.server import PluginServer
+from devplugin.deviceplugin.servicer import DevicePluginServicer
+from devplugin.deviceplugin.watcher import watch_socket_dir
+from devplugin.kube.podresources import held_devices
+
+log = logging.getLogger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+RETRY_DELAYS_S = (0.5, 1, 2, 5, 10, 30)
+SETTLE_S = 0.1  # a restarting kubelet deletes sockets then creates kubelet.sock: act once the burst is over
+
+
+def socket_name(domain: str, kind: Kind) -> str:
+    """e.g. aliyun.com-gpu-mem.sock"""
+    return f"{domain}-{kind.value}.sock"
+
+
+class Daemon:
+    """Serves every resource of the node's mode and re-registers when the kubelet restarts."""
+
+    def __init__(self, node: Node, plugin_dir: Path, allocator: Allocator, board: DeviceBoard,
+                 pod_resources_socket: str = "") -> None:
+        self.node = node
+        self.plugin_dir = plugin_dir
+        self.allocator = allocator
+        self.board = board
+        self.pod_resources_socket = pod_resources_socket
+        self.servers = {
+            kind: PluginServer(plugin_dir, socket_name(node.domain, kind),
+                               DevicePluginServicer(kind, allocator, board))
+            for kind in node.kinds
+        }
+        self._registered_with: dict[Kind, int] = {}  # kind -> inode of the kubelet.sock we registered with
+        self._poke = threading.Event()
+        self._stopping = threading.Event()
+        self._failures = 0
+        self._retry: threading.Timer | None = None
+        self._worker = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+        self._observer = None
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._learn_held_devices()
+        for server in self.servers.values():
+            server.start()
+        names = {KUBELET_SOCKET} | {s.socket_name for s in self.servers.values()}
+        self._observer = watch_socket_dir(self.plugin_dir, names, self.poke)
+        self._worker.start()
+        self.poke()
+
+    def poke(self) -> None:
+        self._poke.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._poke.set()
+        if self._retry:
+            self._retry.cancel()
+        if self._observer is not None:
+            self._observer.stop()
+        self.board.close()
+        for server in self.servers.values():
+            server.stop()
+        if self._worker.is_alive():
+            self._worker.join(timeout=2)
+        log.info("stopped; sockets removed", extra={"fields": {"dir": str(self.plugin_dir)}})
+
+    def _learn_held_devices(self) -> None:
+        if not self.pod_resources_socket or not os.path.exists(self.pod_resources_socket):
+            return
+        names = {self.node.resource_name(k): k for k in self.node.kinds}
+        held = held_devices(self.pod_resources_socket, set(names))
+        for resource, ids in (held or {}).items():
+            self.allocator.mark_allocated(names[resource], ids)
+            if ids:
+                log.info("%d %s devices already held by containers", len(ids), resource,
+                         extra={"fields": {"resource": resource, "devices": len(ids)}})
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._poke.wait()
+            while self._poke.is_set() and not self._stopping.is_set():
+                self._poke.clear()
+                self._stopping.wait(SETTLE_S)
+            if self._stopping.is_set():
+                return
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        """Serve every resource and register it with the current kubelet; idempotent."""
+        for server in self.servers.values():
+            if not server.serving():
+                log.info("socket %s is gone: serving again", server.path,
+                         extra={"fields": {"resource": server.servicer.resource}})
+                server.start()
+                self._registered_with.pop(server.servicer.kind, None)
+        try:
+            kubelet_inode = os.stat(self.kubelet_socket).st_ino
+        except FileNotFoundError:
+            log.info("waiting for the kubelet: %s does not exist", self.kubelet_socket)
+            return
+        for kind, server in self.servers.items():
+            if self._registered_with.get(kind) == kubelet_inode:
+                continue
+            try:
+                register(str(self.kubelet_socket), server.socket_name, server.servicer.resource)
+            except RegistrationError as exc:
+                self._schedule_retry(str(exc))
+                return
+            self._registered_with[kind] = kubelet_inode
+            self._failures = 0
+            log.info("registered %s with the kubelet", server.servicer.resource,
+                     extra={"fields": {"resource": server.servicer.resource, "endpoint": server.socket_name}})
+
+    def _schedule_retry(self, why: str) -> None:
+        delay = RETRY_DELAYS_S[min(self._failures, len(RETRY_DELAYS_S) - 1)]
+        self._failures += 1
+        log.error("%s; retrying in %.1f s", why, delay)
+        self._retry = threading.Timer(delay, self.poke)
+        self._retry.daemon = True
+        self._retry.start()

@@ -1,0 +1,92 @@
+"""The DevicePlugin gRPC service of one resource: a thin layer over Allocator and DeviceBoard."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.errors import RequestError
+from devplugin.allocation.units import Kind
+from devplugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from devplugin.deviceplugin.devices import DeviceBoard
+
+log = logging.getLogger(__name__)
+
+OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    """Serves one resource (gpu-mem, gpu-core.percentage or gpu-count)."""
+
+    def __init__(self, kind: Kind, allocator: Allocator, board: DeviceBoard) -> None:
+        self.kind = kind
+        self.resource = allocator.node.resource_name(kind)
+        self.allocator = allocator
+        self.board = board
+
+    def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
+        return OPTIONS
+
+    def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:  # noqa: N802
+        alive = threading.Event()
+        alive.set()
+
+        def ended() -> None:
+            alive.clear()
+            self.board.wake()
+
+        context.add_callback(ended)
+        version, message = self.board.snapshot(self.kind)
+        log.info("ListAndWatch: sending %d devices", len(message.devices),
+                 extra={"fields": {"resource": self.resource, "devices": len(message.devices)}})
+        yield message
+        while True:
+            change = self.board.wait_change(self.kind, version, alive)
+            if change is None:
+                return
+            version, message = change
+            healthy = sum(1 for d in message.devices if d.health == "Healthy")
+            log.info("ListAndWatch: sending %d devices (%d healthy)", len(message.devices), healthy,
+                     extra={"fields": {"resource": self.resource, "devices": len(message.devices),
+                                       "healthy": healthy}})
+            yield message
+
+    def GetPreferredAllocation(self, request, context):  # noqa: N802
+        response = api_pb2.PreferredAllocationResponse()
+        for req in request.container_requests:
+            try:
+                ids = self.allocator.preferred(
+                    self.kind, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size
+                )
+            except RequestError as exc:
+                _refuse(context, self.resource, "GetPreferredAllocation", exc)
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    def Allocate(self, request, context):  # noqa: N802
+        response = api_pb2.AllocateResponse()
+        for req in request.container_requests:
+            try:
+                grant = self.allocator.allocate(self.kind, req.devices_ids)
+            except RequestError as exc:
+                _refuse(context, self.resource, "Allocate", exc)
+            response.container_responses.add(
+                envs=grant.envs,
+                mounts=[
+                    api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                    for m in grant.mounts
+                ],
+            )
+        return response
+
+    def PreStartContainer(self, request, context):  # noqa: N802
+        return api_pb2.PreStartContainerResponse()
+
+
+def _refuse(context: grpc.ServicerContext, resource: str, call: str, exc: RequestError) -> None:
+    log.error("%s refused: %s", call, exc, extra={"fields": {"resource": resource, "call": call}})
+    context.abort(exc.code, str(exc))

@@ -1,0 +1,92 @@
+"""Deliver the isolation shim on Allocate: per-container limits and mounts, and cleanup of dead containers' files.
+
+`devplugin/isolation/shim_files.py` writes the files; this module turns a container's decision into limits, decides when
+the shim is mounted (per --shim), and finds which container directories are still live from PodResources.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from devplugin import contract
+from devplugin.allocation.allocator import MountProvider, MountSpec
+from devplugin.allocation.node import Node
+from devplugin.allocation.pairing import Decision, allocation_id
+from devplugin.allocation.units import Kind
+from devplugin.isolation.shim_files import ShimPaths, cleanup, prepare_container
+from devplugin.kube.podresources import containers_devices
+
+log = logging.getLogger(__name__)
+
+CLEANUP_INTERVAL_S = 600.0
+MIN_AGE_S = 600.0  # a directory younger than this may belong to a container still starting
+
+
+def limits_for(decision: Decision, node: Node) -> contract.Limits:
+    """What the shim enforces for this container: memory cap (cgpu, core_mem) and compute share (core_mem)."""
+    uuid = decision.gpus[0]
+    memory = decision.amount(Kind.MEM) * node.unit.bytes if node.isolates_memory() else 0
+    share = decision.amount(Kind.CORE) if node.isolates_compute() and decision.amount(Kind.CORE) else 100
+    return contract.Limits(devices=(contract.DeviceLimit(uuid=uuid, memory_limit=memory, sm_limit=share),))
+
+
+def shim_provider(paths: ShimPaths) -> MountProvider:
+    """A MountProvider for Allocator: writes the container's limits file and returns the shim's mounts."""
+
+    def provide(decision: Decision, node: Node) -> Sequence[MountSpec]:
+        if node.mode == "share":  # no isolation: the application limits itself from its env
+            return ()
+        return prepare_container(paths, decision.alloc_id, limits_for(decision, node))
+
+    return provide
+
+
+def live_allocation_ids(containers: list[dict[str, list[str]]]) -> set[str]:
+    """Every allocation id a live container may own: one candidate per resource it holds."""
+    return {allocation_id(ids) for container in containers for ids in container.values() if ids}
+
+
+class Janitor:
+    """Removes per-container shim files of containers the kubelet no longer knows, at start and every 10 min."""
+
+    def __init__(self, paths: ShimPaths, pod_resources_socket: str, resources: set[str],
+                 interval_s: float = CLEANUP_INTERVAL_S, min_age_s: float = MIN_AGE_S) -> None:
+        self.paths = paths
+        self.socket = pod_resources_socket
+        self.resources = resources
+        self.interval_s = interval_s
+        self.min_age_s = min_age_s
+        self._timer: threading.Timer | None = None
+        self._stopped = threading.Event()
+
+    def sweep(self) -> list[str]:
+        containers = containers_devices(self.socket, self.resources)
+        if containers is None:
+            return []  # never delete when the kubelet cannot say what is live
+        removed = cleanup(self.paths, live_allocation_ids(containers), self.min_age_s)
+        if removed:
+            log.info("removed shim files of %d ended containers", len(removed),
+                     extra={"fields": {"removed": ",".join(removed)}})
+        return removed
+
+    def start(self) -> None:
+        self._run()
+
+    def _run(self) -> None:
+        if self._stopped.is_set():
+            return
+        try:
+            self.sweep()
+        except OSError as exc:
+            log.warning("shim cleanup failed: %s", exc)
+        self._timer = threading.Timer(self.interval_s, self._run)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._timer:
+            self._timer.cancel()
+

@@ -1,0 +1,356 @@
+"""A simulated NVIDIA driver for tests and the demo: writes the fake NVML's config and state files and drives them.
+
+The fake `libnvidia-ml.so.1` (fakes/nvml, built by `make native` into build/fakes) reads the config named by
+FAKE_NVML_CONFIG at nvmlInit and mmaps `<config>.state`, whose live fields this module changes while the
+process under test runs: a GPU lost, its utilisation, its used memory; and it raises XID events that wake
+nvmlEventSetWait in any process. fakes/README.md describes both files.
+
+Two ways to use it:
+- subprocess: `subprocess.run(..., env={**os.environ, **driver.env()})`;
+- in this process: `load_in_process()` once, then `os.environ.update(driver.env())` before `pynvml.nvmlInit()`.
+  pynvml dlopens "libnvidia-ml.so.1" by soname, and glibc hands back the fake already loaded under that soname.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import shlex
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_ENV = "FAKE_NVML_CONFIG"
+STATE_SUFFIX = ".state"
+LIBRARY = "libnvidia-ml.so.1"
+FAKES_DIR_ENV = "GPUSHARE_FAKES_DIR"  # where the fake libraries are, when not in the repo's build/fakes
+
+NVML_EVENT_XID_CRITICAL_ERROR = 0x8
+FAKE_EVENT_GPU_LOST = 0x8000000000000000
+MAX_GPUS = 16
+EVENT_RING = 64
+STATE_MAGIC = 0x3154535550474B46
+STATE_VERSION = 1
+SEED_GPU_NAME = "Tesla V100-SXM2-16GB"
+_SEED_NAMESPACE = uuidlib.UUID("5f0d3a3e-6c4b-4b7e-9a43-2f1b6c7d8e90")
+
+
+@dataclass(frozen=True)
+class FakeGPU:
+    """One simulated GPU, as the config line describes it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    minor: int
+    pci_bus_id: str
+    numa_node: int | None = 0
+    sms: int = 80
+    compute_capability: tuple[int, int] = (7, 0)
+    events_supported: bool = True  # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED for this GPU
+
+    def config_line(self) -> str:
+        if '"' in self.name:
+            raise ValueError(f"GPU name {self.name!r} cannot contain a double quote")
+        fields = [
+            f"uuid={self.uuid}",
+            f'name="{self.name}"',
+            f"memory_mib={self.memory_mib}",
+            f"minor={self.minor}",
+            f"pci={self.pci_bus_id}",
+            f"numa={-1 if self.numa_node is None else self.numa_node}",
+            f"sms={self.sms}",
+            f"cc={self.compute_capability[0]}.{self.compute_capability[1]}",
+        ]
+        if not self.events_supported:
+            fields.append("events=0")
+        return "gpu " + " ".join(fields)
+
+
+def seed_uuid(index: int, node: str = "seed") -> str:
+    """A stable GPU UUID in NVIDIA's format (GPU-xxxxxxxx-xxxx-...), the same on every run."""
+    return f"GPU-{uuidlib.uuid5(_SEED_NAMESPACE, f'{node}/{index}')}"
+
+
+def seed_node(n: int = 4, memory_mib: int = 15360, name: str = SEED_GPU_NAME) -> list[FakeGPU]:
+    """The seed's node: n GPUs of memory_mib each (4 x 15 GiB V100s by default), deterministic UUIDs."""
+    return [
+        FakeGPU(
+            index=i,
+            uuid=seed_uuid(i),
+            name=name,
+            memory_mib=memory_mib,
+            minor=i,
+            pci_bus_id=f"00000000:00:{0x07 + i:02X}.0",
+            numa_node=0,
+            sms=80,
+            compute_capability=(7, 0),
+        )
+        for i in range(n)
+    ]
+
+
+def library_dir() -> Path:
+    """The folder holding the fake libnvidia-ml.so.1 (and libcuda.so.1); FileNotFoundError if not built."""
+    override = os.environ.get(FAKES_DIR_ENV)
+    folder = Path(override) if override else Path(__file__).resolve().parents[1] / "build" / "fakes"
+    if not (folder / LIBRARY).is_file():
+        raise FileNotFoundError(
+            f"the fake NVIDIA driver is not built: {folder / LIBRARY} is missing; run `make native` "
+            f"in the repository root (or set {FAKES_DIR_ENV} to where it was built)"
+        )
+    return folder
+
+
+_loaded: ctypes.CDLL | None = None
+
+
+def _library() -> ctypes.CDLL:
+    """The fake, loaded once by absolute path with RTLD_GLOBAL, with the fake's own entry points typed."""
+    global _loaded
+    if _loaded is None:
+        lib = ctypes.CDLL(str(library_dir() / LIBRARY), mode=ctypes.RTLD_GLOBAL)
+        lib.fakeNvml_initState.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_char_p, ctypes.c_uint]
+        lib.fakeNvml_initState.restype = ctypes.c_int
+        lib.fakeNvml_postEvent.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_ulonglong]
+        lib.fakeNvml_postEvent.restype = ctypes.c_int
+        lib.fakeNvml_refcount.restype = ctypes.c_int
+        lib.fakeNvml_stateLayout.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+        lib.fakeNvml_stateLayout.restype = ctypes.c_int
+        _loaded = lib
+    return _loaded
+
+
+def load_in_process() -> ctypes.CDLL:
+    """Load the fake into this process so that pynvml's dlopen("libnvidia-ml.so.1") gets it.
+
+    Call before the first pynvml.nvmlInit(). Raises RuntimeError when another libnvidia-ml.so.1 (a real
+    driver's) is already loaded here: tests must never talk to a real GPU by accident.
+    """
+    lib = _library()
+    by_soname = ctypes.CDLL(LIBRARY)
+    if not hasattr(by_soname, "fakeNvml_refcount"):
+        raise RuntimeError(
+            "a real libnvidia-ml.so.1 was loaded into this process before the fake; "
+            "call load_in_process() before anything imports and initialises NVML"
+        )
+    return lib
+
+
+def nvml_refcount() -> int:
+    """nvmlInit calls the fake has seen that no nvmlShutdown has matched yet (0 when code pairs them)."""
+    return int(_library().fakeNvml_refcount())
+
+
+class _Slot(ctypes.Structure):
+    _fields_ = [
+        ("lost", ctypes.c_uint32),
+        ("util_percent", ctypes.c_uint32),
+        ("mem_used_bytes", ctypes.c_uint64),
+        ("mem_util_percent", ctypes.c_uint32),
+        ("reserved32", ctypes.c_uint32 * 3),
+        ("reserved64", ctypes.c_uint64 * 4),
+    ]
+
+
+class _Event(ctypes.Structure):
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("gpu_index", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("event_type", ctypes.c_uint64),
+        ("event_data", ctypes.c_uint64),
+    ]
+
+
+class _State(ctypes.Structure):
+    """Mirror of struct fake_gpu_state (fakes/fake_gpu_state.h); checked against the C layout at load."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint64),
+        ("version", ctypes.c_uint32),
+        ("gpu_count", ctypes.c_uint32),
+        ("event_seq", ctypes.c_uint32),
+        ("reserved0", ctypes.c_uint32),
+        ("instance", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint32 * 8),
+        ("gpus", _Slot * MAX_GPUS),
+        ("events", _Event * EVENT_RING),
+    ]
+
+
+def python_state_layout() -> list[int]:
+    """The ctypes mirror's layout, in the order fakeNvml_stateLayout() reports the C one."""
+    return [
+        ctypes.sizeof(_State),
+        _State.event_seq.offset,
+        _State.instance.offset,
+        _State.gpus.offset,
+        ctypes.sizeof(_Slot),
+        _Slot.lost.offset,
+        _Slot.util_percent.offset,
+        _Slot.mem_used_bytes.offset,
+        _Slot.mem_util_percent.offset,
+        _State.events.offset,
+        ctypes.sizeof(_Event),
+        MAX_GPUS,
+        EVENT_RING,
+        STATE_MAGIC,
+        STATE_VERSION,
+    ]
+
+
+def c_state_layout() -> list[int]:
+    out = (ctypes.c_ulonglong * 32)()
+    n = _library().fakeNvml_stateLayout(out, len(out))
+    return list(out[:n])
+
+
+class FakeDriver:
+    """The config and state files of one simulated node, and the knobs tests turn while a process runs."""
+
+    def __init__(self, config_path: Path, gpus: list[FakeGPU]) -> None:
+        self.config_path = Path(config_path)
+        self.state_path = Path(str(config_path) + STATE_SUFFIX)
+        self.gpus = list(gpus)
+        self._mm: mmap.mmap | None = None
+        self._state: _State | None = None
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        gpus: list[FakeGPU],
+        *,
+        driver_version: str = "550.54.15",
+        cuda_version: int = 12040,
+        name: str = "nvml.conf",
+    ) -> FakeDriver:
+        """Write `<directory>/<name>` and a fresh state file next to it; return the driver."""
+        if len(gpus) > MAX_GPUS:
+            raise ValueError(f"the fake driver simulates at most {MAX_GPUS} GPUs, not {len(gpus)}")
+        for i, gpu in enumerate(gpus):
+            if gpu.index != i:
+                raise ValueError(f"GPU {gpu.uuid} has index {gpu.index} but is number {i} in the list")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = directory / name
+        lines = [
+            "# fake NVIDIA driver for libnvidia-ml.so.1 (fakes/nvml); format: fakes/README.md",
+            f"driver_version={driver_version}",
+            f"cuda_version={cuda_version}",
+            *(gpu.config_line() for gpu in gpus),
+        ]
+        config.write_text("\n".join(lines) + "\n")
+        driver = cls(config, gpus)
+        driver.state_path.unlink(missing_ok=True)
+        driver._open_state()
+        return driver
+
+    @classmethod
+    def attach(cls, config_path: Path) -> FakeDriver:
+        """The driver of an existing config (another process created it), to turn its knobs from here."""
+        gpus = []
+        for line in Path(config_path).read_text().splitlines():
+            words = shlex.split(line, comments=True)
+            if not words or words[0] != "gpu":
+                continue
+            kv = dict(w.split("=", 1) for w in words[1:])
+            cc = kv.get("cc", "7.0").split(".")
+            numa = int(kv.get("numa", "-1"))
+            gpus.append(FakeGPU(
+                index=len(gpus), uuid=kv["uuid"], name=kv["name"], memory_mib=int(kv["memory_mib"]),
+                minor=int(kv.get("minor", len(gpus))), pci_bus_id=kv.get("pci", ""),
+                numa_node=None if numa < 0 else numa, sms=int(kv.get("sms", "80")),
+                compute_capability=(int(cc[0]), int(cc[1])), events_supported=kv.get("events", "1") == "1",
+            ))
+        driver = cls(Path(config_path), gpus)
+        driver._open_state()
+        return driver
+
+    def _open_state(self) -> None:
+        """Create the state file if missing (else check it), then map it."""
+        if python_state_layout() != c_state_layout():
+            raise RuntimeError(
+                "devplugin_sim/fake_driver.py and fakes/fake_gpu_state.h disagree on the state file layout "
+                f"(python {python_state_layout()} vs C {c_state_layout()}); rebuild with `make native`"
+            )
+        err = ctypes.create_string_buffer(1024)
+        if _library().fakeNvml_initState(str(self.state_path).encode(), len(self.gpus), err, len(err)) != 0:
+            raise RuntimeError(f"cannot set up the fake GPU state: {err.value.decode(errors='replace')}")
+        with open(self.state_path, "r+b") as f:
+            self._mm = mmap.mmap(f.fileno(), ctypes.sizeof(_State))
+        self._state = _State.from_buffer(self._mm)
+
+    def env(self) -> dict[str, str]:
+        """Env for a process that should see this node: the config and the fake libraries on its path."""
+        path = str(library_dir())
+        inherited = os.environ.get("LD_LIBRARY_PATH")
+        return {
+            CONFIG_ENV: str(self.config_path),
+            "LD_LIBRARY_PATH": f"{path}:{inherited}" if inherited else path,
+        }
+
+    def _slot(self, gpu_index: int) -> _Slot:
+        if not 0 <= gpu_index < len(self.gpus):
+            raise IndexError(f"GPU index {gpu_index} is not on this node (0..{len(self.gpus) - 1})")
+        if self._state is None:
+            raise RuntimeError("this FakeDriver is closed")
+        return self._state.gpus[gpu_index]
+
+    def _post(self, gpu_index: int, event_type: int, data: int) -> None:
+        self._slot(gpu_index)
+        rc = _library().fakeNvml_postEvent(str(self.state_path).encode(), gpu_index, event_type, data)
+        if rc != 0:
+            raise OSError(-rc, f"cannot post a fake GPU event to {self.state_path}: {os.strerror(-rc)}")
+
+    def raise_xid(self, gpu_index: int, xid: int) -> None:
+        """An XID critical error on that GPU: every event set registered for it wakes with eventData = xid."""
+        self._post(gpu_index, NVML_EVENT_XID_CRITICAL_ERROR, xid)
+
+    def raise_event(self, gpu_index: int, event_type: int, data: int = 0) -> None:
+        """Any NVML event type (nvmlEventType* bits)."""
+        self._post(gpu_index, event_type, data)
+
+    def set_lost(self, gpu_index: int, lost: bool) -> None:
+        """Lose the GPU (NVML answers GPU_IS_LOST for it; waiters registered for it wake) or bring it back."""
+        self._slot(gpu_index).lost = 1 if lost else 0
+        if lost:
+            self._post(gpu_index, FAKE_EVENT_GPU_LOST, 0)
+
+    def set_utilization(self, gpu_index: int, percent: int, memory_percent: int | None = None) -> None:
+        if not 0 <= percent <= 100 or (memory_percent is not None and not 0 <= memory_percent <= 100):
+            raise ValueError("utilisation is a percentage, 0..100")
+        slot = self._slot(gpu_index)
+        slot.util_percent = percent
+        if memory_percent is not None:
+            slot.mem_util_percent = memory_percent
+
+    def set_memory_used(self, gpu_index: int, used_bytes: int) -> None:
+        if used_bytes < 0:
+            raise ValueError("used memory cannot be negative")
+        self._slot(gpu_index).mem_used_bytes = used_bytes
+
+    def utilization(self, gpu_index: int) -> int:
+        return int(self._slot(gpu_index).util_percent)
+
+    def memory_used(self, gpu_index: int) -> int:
+        """Used bytes as the state says (written by tests or by the fake libcuda's allocations)."""
+        return int(self._slot(gpu_index).mem_used_bytes)
+
+    def is_lost(self, gpu_index: int) -> bool:
+        return bool(self._slot(gpu_index).lost)
+
+    def close(self) -> None:
+        self._state = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def __enter__(self) -> FakeDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
