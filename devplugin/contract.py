@@ -1,15 +1,19 @@
-"""The contract between the node daemon and the isolation shim: env names, mount paths, file formats.
+"""The contracts, written once: node daemon <-> shim (env, mounts, limits file) and node daemon <-> scheduler
+extender <-> inspect (labels and annotations on pods and nodes).
 
-This module is the single source of truth. `shim/gpushare_contract.h` is generated from it
+This module is the single source of truth. `shim/gpushare_contract.h` is generated from its shim half
 (`python -m devplugin.contract > shim/gpushare_contract.h`, or `make contract`) and a test fails
 when the header is stale. The env names are HAMi-core's (so either shim works with our daemon)
-plus Alibaba Cloud ACK's `ALIYUN_COM_GPU_MEM_*` names for applications that read them.
+plus Alibaba Cloud ACK's `ALIYUN_COM_GPU_MEM_*` names for applications that read them. The cluster half
+(labels, annotations and their JSON formats) is documented in docs/contract.md.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 # --- Env set by the daemon on Allocate -------------------------------------------------------
 # Which GPU(s) the container sees: GPU UUIDs, comma separated (read by the NVIDIA container runtime).
@@ -124,6 +128,225 @@ def parse_limits(text: str) -> Limits:
     limits = Limits(devices=devices, core_policy=values.get("core_policy", "default"))
     render_limits(limits)  # validates ranges
     return limits
+
+
+# =============================================================================================================
+# The cluster contract: labels and annotations (node daemon, scheduler extender, webhooks, inspect)
+# =============================================================================================================
+
+# --- Resources ------------------------------------------------------------------------------------------------
+DEFAULT_RESOURCE_DOMAIN = "aliyun.com"
+RESOURCE_MEM = "gpu-mem"  # <domain>/gpu-mem: gpu-mem units (GiB by default) of one GPU
+RESOURCE_CORE = "gpu-core.percentage"  # <domain>/gpu-core.percentage: percent of one GPU, multiples of 5
+RESOURCE_COUNT = "gpu-count"  # <domain>/gpu-count: whole GPUs
+CORE_STEP = 5
+CORE_PER_GPU = 100
+
+# --- Node labels (set by the operator) ------------------------------------------------------------------------
+LABEL_MODE = "ack.node.gpu.schedule"  # core_mem | cgpu | share
+LABEL_PLACEMENT = "ack.node.gpu.placement"  # binpack | spread
+LEGACY_MODE_LABELS = {"gpushare": "share", "cgpu": "cgpu"}  # <label>=true on older nodes
+MODES = ("core_mem", "cgpu", "share")
+PLACEMENTS = ("binpack", "spread")
+
+# --- Pod labels / annotations set by the user -----------------------------------------------------------------
+# Multi-GPU sharing: a container's gpu-mem (and gpu-core.percentage) split evenly over N GPUs of one node.
+LABEL_ACK_MULTI_GPU = "aliyun.com/gpu-count"  # pod LABEL, ACK's name
+ANN_MULTI_GPU = "gpushare.io/gpu-count"  # pod annotation, ours, same meaning
+# Opt out of NVIDIA_VISIBLE_DEVICES=void for containers that ask for no GPU (label on the pod or namespace).
+LABEL_VOID_OPT_OUT = "gpushare.io/visible-devices"
+VOID_OPT_OUT_VALUE = "keep"
+
+# --- Pod annotations written by the scheduler extender (at bind) and the node daemon (at Allocate) -----------
+ANN_SCHEDULED = "gpushare.io/scheduled"  # the extender's choice (PodAssignment JSON), written before the Binding
+ANN_ALLOCATED = "gpushare.io/allocated"  # what the node daemon placed (PodAssignment JSON)
+# Alibaba's open-source gpushare protocol (read and written for compatible tools).
+ANN_ALIYUN_MEM_IDX = "ALIYUN_COM_GPU_MEM_IDX"  # GPU index (single GPU)
+ANN_ALIYUN_MEM_POD = "ALIYUN_COM_GPU_MEM_POD"  # the pod's total gpu-mem
+ANN_ALIYUN_MEM_DEV = "ALIYUN_COM_GPU_MEM_DEV"  # gpu-mem of one GPU
+ANN_ALIYUN_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"  # "false" at bind, "true" once the node placed it
+ANN_ALIYUN_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"  # Unix nanoseconds of the bind
+# ACK's scheduler: {"<app container index>": {"<GPU index>": <gpu-mem units>}}
+ANN_ACK_ALLOCATION = "scheduler.framework.gpushare.allocation"
+ANN_ACK_CORE_ALLOCATION = "gpushare.alibabacloud.com/core-percentage"  # same shape, for gpu-core.percentage
+ANN_ACK_ASSIGNED = "scheduler.framework.gpushare.assigned"
+ANN_ACK_ASSUME_TIME = "scheduler.framework.gpushare.assume-time"
+
+# --- Node annotations written by the node daemon ----------------------------------------------------------------
+ANN_NODE_GPUS = "gpushare.io/gpus"  # NodeInventory JSON: mode, placement, unit, each GPU
+ANN_NODE_USAGE = "gpushare.io/gpu-usage"  # NodeUsage JSON: room in use per GPU; changes make kube-scheduler retry
+
+ANNOTATION_VERSION = 1
+
+
+class AnnotationError(ValueError):
+    """An annotation that does not parse; the message names the annotation and what is wrong."""
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """What one container holds (or is to hold) on one GPU."""
+
+    index: int
+    uuid: str
+    mem: int  # gpu-mem units
+    core: int  # percent of this GPU (0 on nodes that do not serve gpu-core.percentage)
+    whole: bool = False  # the GPU is held whole (gpu-count)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"index": self.index, "uuid": self.uuid, "mem": self.mem, "core": self.core}
+        if self.whole:
+            out["whole"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class PodAssignment:
+    """The GPUs each container of a pod gets, by container name (init containers included)."""
+
+    node: str
+    time_ns: int  # Unix nanoseconds: the extender's assume time, or when the node daemon placed it
+    containers: Mapping[str, tuple[GpuShare, ...]] = field(default_factory=dict)
+
+    def render(self) -> str:
+        return json.dumps({
+            "version": ANNOTATION_VERSION, "node": self.node, "time": self.time_ns,
+            "containers": {name: [s.to_json() for s in shares] for name, shares in sorted(self.containers.items())},
+        }, separators=(",", ":"))
+
+
+def parse_assignment(text: str, annotation: str = ANN_SCHEDULED) -> PodAssignment:
+    """Parse ANN_SCHEDULED / ANN_ALLOCATED; AnnotationError naming what is wrong."""
+    doc = _load_object(text, annotation)
+    try:
+        containers: dict[str, tuple[GpuShare, ...]] = {}
+        raw = doc.get("containers") or {}
+        if not isinstance(raw, dict):
+            raise TypeError("containers is not an object")
+        for name, shares in raw.items():
+            if not isinstance(shares, list):
+                raise TypeError(f"container {name!r}: expected a list of GPUs")
+            containers[str(name)] = tuple(_share(s) for s in shares)
+        return PodAssignment(node=str(doc.get("node", "")), time_ns=int(doc.get("time", 0)), containers=containers)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise AnnotationError(f"annotation {annotation}: {exc}") from None
+
+
+def _share(raw: object) -> GpuShare:
+    if not isinstance(raw, dict):
+        raise TypeError(f"GPU entry {raw!r} is not an object")
+    share = GpuShare(index=int(raw["index"]), uuid=str(raw.get("uuid", "")), mem=int(raw.get("mem", 0)),
+                     core=int(raw.get("core", 0)), whole=bool(raw.get("whole", False)))
+    if share.index < 0 or share.mem < 0 or not 0 <= share.core <= CORE_PER_GPU:
+        raise ValueError(f"GPU entry {raw!r}: index and mem must be >= 0, core 0..{CORE_PER_GPU}")
+    return share
+
+
+@dataclass(frozen=True)
+class NodeGpu:
+    """One GPU as the node daemon publishes it."""
+
+    index: int
+    uuid: str
+    model: str
+    mem_units: int  # gpu-mem units this GPU provides
+    memory_mib: int
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """ANN_NODE_GPUS: what the node serves."""
+
+    mode: str
+    placement: str
+    mem_unit_mib: int
+    gpus: tuple[NodeGpu, ...]
+    domain: str = DEFAULT_RESOURCE_DOMAIN
+
+    def render(self) -> str:
+        return json.dumps({
+            "version": ANNOTATION_VERSION, "mode": self.mode, "placement": self.placement,
+            "memUnitMiB": self.mem_unit_mib, "domain": self.domain,
+            "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memUnits": g.mem_units,
+                      "memMiB": g.memory_mib, "healthy": g.healthy} for g in self.gpus],
+        }, separators=(",", ":"))
+
+
+def parse_inventory(text: str) -> NodeInventory:
+    doc = _load_object(text, ANN_NODE_GPUS)
+    try:
+        gpus = tuple(
+            NodeGpu(index=int(g["index"]), uuid=str(g["uuid"]), model=str(g.get("model", "")),
+                    mem_units=int(g["memUnits"]), memory_mib=int(g.get("memMiB", 0)),
+                    healthy=bool(g.get("healthy", True)))
+            for g in doc["gpus"]
+        )
+        return NodeInventory(mode=str(doc["mode"]), placement=str(doc.get("placement", "binpack")),
+                             mem_unit_mib=int(doc.get("memUnitMiB", 1024)), gpus=gpus,
+                             domain=str(doc.get("domain", DEFAULT_RESOURCE_DOMAIN)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise AnnotationError(f"annotation {ANN_NODE_GPUS}: {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """Room in use on one GPU, as the node daemon counts it."""
+
+    mem: int = 0  # gpu-mem units held
+    core: int = 0  # percent held
+    containers: int = 0
+    whole: bool = False  # held whole by a gpu-count container
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """ANN_NODE_USAGE: per GPU index."""
+
+    gpus: Mapping[int, GpuUsage]
+    time_ns: int = 0
+
+    def render(self) -> str:
+        return json.dumps({
+            "version": ANNOTATION_VERSION, "time": self.time_ns,
+            "gpus": {str(i): {"mem": u.mem, "core": u.core, "containers": u.containers, "whole": u.whole}
+                     for i, u in sorted(self.gpus.items())},
+        }, separators=(",", ":"))
+
+
+def parse_usage(text: str) -> NodeUsage:
+    doc = _load_object(text, ANN_NODE_USAGE)
+    try:
+        gpus = {int(i): GpuUsage(mem=int(u.get("mem", 0)), core=int(u.get("core", 0)),
+                                 containers=int(u.get("containers", 0)), whole=bool(u.get("whole", False)))
+                for i, u in (doc.get("gpus") or {}).items()}
+        return NodeUsage(gpus=gpus, time_ns=int(doc.get("time", 0)))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise AnnotationError(f"annotation {ANN_NODE_USAGE}: {exc!r}") from None
+
+
+def parse_ack_allocation(text: str, annotation: str = ANN_ACK_ALLOCATION) -> dict[int, dict[int, int]]:
+    """ACK's {"<app container index>": {"<GPU index>": amount}} as {container index: {GPU index: amount}}."""
+    doc = _load_object(text, annotation)
+    try:
+        return {int(c): {int(g): int(v) for g, v in per_gpu.items()} for c, per_gpu in doc.items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise AnnotationError(f"annotation {annotation}: {exc!r}") from None
+
+
+def render_ack_allocation(alloc: Mapping[int, Mapping[int, int]]) -> str:
+    return json.dumps({str(c): {str(g): v for g, v in sorted(per.items())} for c, per in sorted(alloc.items())},
+                      separators=(",", ":"))
+
+
+def _load_object(text: str, annotation: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise AnnotationError(f"annotation {annotation} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise AnnotationError(f"annotation {annotation} must be a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def c_header() -> str:

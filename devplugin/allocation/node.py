@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from devplugin.allocation.units import Kind, MemUnit, units_per_gpu
+from devplugin.contract import MODES, PLACEMENTS
 from devplugin.gpu.inventory import GPU
 
-MODES = ("core_mem", "cgpu", "share")
-PLACEMENTS = ("binpack", "spread")
+__all__ = ["MODES", "PLACEMENTS", "Node", "served_kinds"]
 SERVED_KINDS = {
     "core_mem": (Kind.MEM, Kind.CORE, Kind.COUNT),
     "cgpu": (Kind.MEM, Kind.COUNT),

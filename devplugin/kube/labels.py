@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+from devplugin.contract import LABEL_MODE, LABEL_PLACEMENT
+from devplugin.contract import LEGACY_MODE_LABELS as LEGACY_LABELS
 
-LABEL_MODE = "ack.node.gpu.schedule"
-LABEL_PLACEMENT = "ack.node.gpu.placement"
-LEGACY_LABELS = {"gpushare": "share", "cgpu": "cgpu"}  # label=true on older nodes
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

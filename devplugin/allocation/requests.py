@@ -1,0 +1,201 @@
+"""What a pod asks of our resources, container by container, read from the pod as JSON (a dict).
+
+Shared by the node daemon (which container is the kubelet admitting?), the scheduler extender (does it fit?),
+the admission webhooks (is it valid?) and inspect. Pure: no I/O. Pods come as the apiserver's JSON (camelCase
+keys, as in an AdmissionReview or a raw watch event).
+
+Containers are listed in the kubelet's admission order: init containers first, then app containers, each in
+spec order. Only limits count for extended resources (the apiserver requires requests == limits for them); a
+container that sets only requests is read from its requests.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from devplugin.contract import (
+    ANN_MULTI_GPU,
+    CORE_PER_GPU,
+    CORE_STEP,
+    DEFAULT_RESOURCE_DOMAIN,
+    LABEL_ACK_MULTI_GPU,
+    RESOURCE_CORE,
+    RESOURCE_COUNT,
+    RESOURCE_MEM,
+)
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+class PodRequestError(ValueError):
+    """A pod whose GPU request cannot be honoured as written; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container's asks. `position` is its place in the kubelet's order; `app_index` its index in
+    spec.containers (ACK's container index), -1 for init containers."""
+
+    name: str
+    init: bool
+    position: int
+    app_index: int
+    mem: int = 0
+    core: int = 0
+    count: int = 0
+
+    @property
+    def wants_gpu(self) -> bool:
+        return bool(self.mem or self.core or self.count)
+
+    def amount(self, resource: str) -> int:
+        """The amount of `resource` (short name: gpu-mem, gpu-core.percentage, gpu-count)."""
+        return {RESOURCE_MEM: self.mem, RESOURCE_CORE: self.core, RESOURCE_COUNT: self.count}[resource]
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """A pod as placement sees it."""
+
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    phase: str
+    created: float  # Unix seconds (0 when unknown)
+    containers: tuple[ContainerRequest, ...]
+    gpus_per_container: int = 1  # multi-GPU sharing: each container's share split over this many GPUs
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+    @property
+    def gpu_containers(self) -> tuple[ContainerRequest, ...]:
+        return tuple(c for c in self.containers if c.wants_gpu)
+
+    def container(self, name: str) -> ContainerRequest | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+
+def resource_names(domain: str = DEFAULT_RESOURCE_DOMAIN) -> tuple[str, str, str]:
+    """(gpu-mem, gpu-core.percentage, gpu-count) full names for a domain."""
+    return f"{domain}/{RESOURCE_MEM}", f"{domain}/{RESOURCE_CORE}", f"{domain}/{RESOURCE_COUNT}"
+
+
+def quantity(value: object, what: str) -> int:
+    """An extended-resource quantity as a whole number; PodRequestError for fractions and junk."""
+    if isinstance(value, bool):
+        raise PodRequestError(f"{what}: {value!r} is not a whole number")
+    if isinstance(value, int):
+        n = value
+    else:
+        text = str(value).strip()
+        if text.endswith("k") and text[:-1].isdigit():
+            n = int(text[:-1]) * 1000
+        elif text.isdigit() or (text.startswith("-") and text[1:].isdigit()):
+            n = int(text)
+        else:
+            raise PodRequestError(f"{what}: {value!r} is not a whole number; extended resources are counted in "
+                                  "whole units")
+    if n < 0:
+        raise PodRequestError(f"{what}: {n} is negative")
+    return n
+
+
+def _container(spec: Mapping, position: int, app_index: int, init: bool, domain: str) -> ContainerRequest:
+    name = str(spec.get("name", ""))
+    res = spec.get("resources") or {}
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+    mem_name, core_name, count_name = resource_names(domain)
+    amounts = []
+    for full in (mem_name, core_name, count_name):
+        raw = limits.get(full, requests.get(full, 0))
+        amounts.append(quantity(raw, f"container {name!r}: {full}"))
+    return ContainerRequest(name=name, init=init, position=position, app_index=app_index,
+                            mem=amounts[0], core=amounts[1], count=amounts[2])
+
+
+def parse_time(text: str | None) -> float:
+    """RFC 3339 `2026-11-23T07:42:00Z` as Unix seconds; 0 when absent or unreadable."""
+    if not text:
+        return 0.0
+    try:
+        return float(calendar.timegm(time.strptime(str(text).replace("Z", "")[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return 0.0
+
+
+def multi_gpu_count(labels: Mapping[str, str], annotations: Mapping[str, str]) -> int:
+    """N for multi-GPU sharing (ACK's pod label aliyun.com/gpu-count, or our annotation); 1 when unset."""
+    raw = annotations.get(ANN_MULTI_GPU, labels.get(LABEL_ACK_MULTI_GPU))
+    if raw in (None, "", "0"):
+        return 1
+    try:
+        n = int(str(raw))
+    except ValueError:
+        raise PodRequestError(f"multi-GPU count {raw!r} (label {LABEL_ACK_MULTI_GPU} or annotation "
+                              f"{ANN_MULTI_GPU}) is not a whole number") from None
+    if n < 1:
+        raise PodRequestError(f"multi-GPU count {n} must be 1 or more")
+    return n
+
+
+def pod_request(pod: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> PodRequest:
+    """Read a pod (apiserver JSON) into a PodRequest; PodRequestError on unreadable quantities."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    containers: list[ContainerRequest] = []
+    for spec_c in spec.get("initContainers") or []:
+        containers.append(_container(spec_c, len(containers), -1, True, domain))
+    for i, spec_c in enumerate(spec.get("containers") or []):
+        containers.append(_container(spec_c, len(containers), i, False, domain))
+    labels = dict(meta.get("labels") or {})
+    annotations = dict(meta.get("annotations") or {})
+    return PodRequest(
+        namespace=str(meta.get("namespace", "default")),
+        name=str(meta.get("name") or meta.get("generateName") or ""),
+        uid=str(meta.get("uid", "")),
+        node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        created=parse_time(meta.get("creationTimestamp")),
+        containers=tuple(containers),
+        gpus_per_container=multi_gpu_count(labels, annotations),
+        annotations=annotations,
+        labels=labels,
+    )
+
+
+def per_gpu_share(container: ContainerRequest, gpus: int) -> tuple[int, int]:
+    """(gpu-mem units, core percent) on each of `gpus` GPUs for a multi-GPU share; PodRequestError when the
+    amounts do not divide into whole units."""
+    if gpus <= 1:
+        return container.mem, container.core
+    if container.mem % gpus:
+        raise PodRequestError(
+            f"container {container.name!r}: {container.mem} gpu-mem units do not split evenly over {gpus} GPUs; "
+            f"ask for a multiple of {gpus}")
+    if container.core % gpus or (container.core // gpus) % CORE_STEP:
+        raise PodRequestError(
+            f"container {container.name!r}: gpu-core.percentage {container.core} over {gpus} GPUs gives "
+            f"{container.core / gpus:g} % each; ask for a multiple of {gpus * CORE_STEP}")
+    return container.mem // gpus, container.core // gpus
+
+
+def check_core(amount: int, gpus: int = 1) -> str | None:
+    """Why a gpu-core.percentage amount is invalid, or None."""
+    if amount % CORE_STEP or not CORE_STEP <= amount <= CORE_PER_GPU * gpus:
+        return (f"gpu-core.percentage {amount} is not a valid compute share; ask for a multiple of {CORE_STEP} "
+                f"from {CORE_STEP} to {CORE_PER_GPU * gpus}")
+    return None
