@@ -1,29 +1,30 @@
-/* The devices this process sees, matched to their limits by UUID, and the memory accounting around each
- * allocation: reserve first, allocate, then keep or roll back. */
-#include <pthread.h>
+/* The devices this process sees, matched to their limits by UUID; see gs_devices.h. */
+#include "gs_devices.h"
+
 #include <stdio.h>
 #include <string.h>
 
 #include "gs_log.h"
 #include "gs_region.h"
-#include "gs_shim.h"
-#include "gs_throttle.h"
+
+#define GS_DEFAULT_GRANULARITY (2ULL << 20) /* the driver's documented granularity for device memory */
 
 struct gs_dev gs_devs[GS_MAX_DEVICES];
 int gs_ndevs;
 int gs_any_limit;
-struct gs_ptrmap gs_pointers = GS_PTRMAP_INIT;
-struct gs_ptrmap gs_handles = GS_PTRMAP_INIT;
 
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+static gs_devices_listener listener;
 
-void gs_devices_after_fork_child(void)
+static void child_after_fork(void)
 {
     pthread_mutex_init(&setup_lock, NULL);
-    for (int d = 0; d < GS_MAX_DEVICES; d++)
-        gs_devs[d].ctx_charged = 0;
-    gs_ptrmap_reset(&gs_pointers);
-    gs_ptrmap_reset(&gs_handles);
+}
+GS_ON_FORK_CHILD(child_after_fork)
+
+void gs_devices_on_ready(gs_devices_listener fn)
+{
+    listener = fn;
 }
 
 static void format_uuid(const CUuuid *u, char *out, size_t len)
@@ -31,6 +32,25 @@ static void format_uuid(const CUuuid *u, char *out, size_t len)
     const unsigned char *b = (const unsigned char *)u->bytes;
     snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
              b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+/* What the driver rounds device allocations to: its minimum granularity for cuMemCreate on this GPU (the
+ * same page size cuMemAlloc and pools use), or the documented 2 MiB when it cannot say. */
+static uint64_t granularity(int ordinal)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    size_t g = 0;
+    if (!gs_cu.cuMemGetAllocationGranularity ||
+        gs_cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g ||
+        (g & (g - 1))) {
+        GS_DEBUG("CUDA device %d: allocation granularity unknown; charging in 2 MiB steps", ordinal);
+        return GS_DEFAULT_GRANULARITY;
+    }
+    return g;
 }
 
 static int read_device(int ordinal, struct gs_dev *dev)
@@ -47,6 +67,7 @@ static int read_device(int ordinal, struct gs_dev *dev)
     if (gs_cu.cuDeviceTotalMem_v2)
         gs_cu.cuDeviceTotalMem_v2(&total, handle);
     dev->phys_total = total;
+    dev->granularity = granularity(ordinal);
     if (gs_config_device(ordinal, dev->uuid, &dev->limit, &dev->sm_limit) != 0) {
         dev->blocked = 1;
         dev->limit = 0;
@@ -101,7 +122,8 @@ int gs_devices_setup(void)
                     dev->sm_limit);
     }
     gs_any_limit = any;
-    gs_throttle_setup(count);
+    if (listener)
+        listener(count);
     __atomic_store_n(&gs_ndevs, count, __ATOMIC_RELEASE);
     rc = 0;
 out:
@@ -120,98 +142,4 @@ CUresult gs_current_device(int *d)
     if (rc == CUDA_SUCCESS)
         *d = dev;
     return rc;
-}
-
-static void report_oom(int d, uint64_t bytes)
-{
-    struct gs_dev *dev = &gs_devs[d];
-    GS_INFO("out of memory on CUDA device %d: %llu bytes requested, %llu of the limit %llu in use", d,
-            (unsigned long long)bytes, (unsigned long long)gs_region_usage(dev->rd), (unsigned long long)dev->limit);
-}
-
-CUresult gs_ctx_charge(int d, int *charged_now)
-{
-    *charged_now = 0;
-    if (d < 0 || d >= gs_ndevs)
-        return gs_any_limit ? CUDA_ERROR_NOT_PERMITTED : CUDA_SUCCESS;
-    struct gs_dev *dev = &gs_devs[d];
-    if (dev->blocked)
-        return CUDA_ERROR_NOT_PERMITTED;
-    if (!dev->limit || !gs_cfg.context_reserve)
-        return CUDA_SUCCESS;
-    int expected = 0;
-    if (__atomic_load_n(&dev->ctx_charged, __ATOMIC_ACQUIRE) ||
-        !__atomic_compare_exchange_n(&dev->ctx_charged, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return CUDA_SUCCESS;
-    if (gs_region_reserve(dev->rd, gs_cfg.context_reserve, dev->limit) != 0) {
-        __atomic_store_n(&dev->ctx_charged, 0, __ATOMIC_RELEASE);
-        report_oom(d, gs_cfg.context_reserve);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *charged_now = 1;
-    return CUDA_SUCCESS;
-}
-
-void gs_ctx_uncharge(int d)
-{
-    struct gs_dev *dev = &gs_devs[d];
-    gs_region_release(dev->rd, gs_cfg.context_reserve);
-    __atomic_store_n(&dev->ctx_charged, 0, __ATOMIC_RELEASE);
-}
-
-CUresult gs_alloc_begin(int d, uint64_t bytes, int *tracked)
-{
-    *tracked = 0;
-    if (!gs_any_limit)
-        return CUDA_SUCCESS;
-    if (d < 0 || d >= gs_ndevs)
-        return CUDA_ERROR_NOT_PERMITTED;
-    struct gs_dev *dev = &gs_devs[d];
-    if (dev->blocked)
-        return CUDA_ERROR_NOT_PERMITTED;
-    if (!dev->limit)
-        return CUDA_SUCCESS;
-    int charged_now;
-    CUresult rc = gs_ctx_charge(d, &charged_now);
-    if (rc)
-        return rc;
-    if (gs_region_reserve(dev->rd, bytes, dev->limit) != 0) {
-        report_oom(d, bytes);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *tracked = 1;
-    return CUDA_SUCCESS;
-}
-
-void gs_alloc_end(CUresult rc, int tracked, int d, uint64_t bytes, struct gs_ptrmap *map, uint64_t key)
-{
-    if (!tracked)
-        return;
-    if (rc != CUDA_SUCCESS) {
-        gs_region_release(gs_devs[d].rd, bytes);
-        return;
-    }
-    if (gs_ptrmap_put(map, key, bytes, d) != 0)
-        GS_WARN("out of host memory: %llu bytes on CUDA device %d stay charged until the process ends",
-                (unsigned long long)bytes, d);
-}
-
-void gs_alloc_undo(int d, uint64_t bytes)
-{
-    gs_region_release(gs_devs[d].rd, bytes);
-}
-
-int gs_free_begin(struct gs_ptrmap *map, uint64_t key, struct gs_ptr_entry *e)
-{
-    return gs_any_limit ? gs_ptrmap_take(map, key, e) : 0;
-}
-
-void gs_free_end(CUresult rc, int had, struct gs_ptrmap *map, const struct gs_ptr_entry *e)
-{
-    if (!had)
-        return;
-    if (rc == CUDA_SUCCESS)
-        gs_region_release(gs_devs[e->dev].rd, e->bytes);
-    else
-        gs_ptrmap_put(map, e->key, e->bytes, e->dev);
 }

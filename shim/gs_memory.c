@@ -13,10 +13,11 @@ static struct {
     int dev[MAX_POOLS]; /* CUDA ordinal, -1 = not device memory */
 } pools = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}};
 
-void gs_memory_after_fork_child(void)
+static void child_after_fork(void)
 {
     pthread_mutex_init(&pools.lock, NULL);
 }
+GS_ON_FORK_CHILD(child_after_fork)
 
 /* Where allocations of the calling thread go: its current context's device. -1 with *rc when unknown. */
 static int current_or(CUresult *rc)

@@ -49,12 +49,13 @@
     X(cuGraphLaunch, (CUgraphExec exec, CUstream stream))                                                       \
     X(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream))
 
-#define GS_CUDA_USED(X)                                  \
-    X(cuDeviceGetCount, (int *count))                    \
-    X(cuDeviceGet, (CUdevice * device, int ordinal))     \
-    X(cuDeviceGetUuid, (CUuuid * uuid, CUdevice dev))    \
-    X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev)) \
-    X(cuCtxGetDevice, (CUdevice * device))
+#define GS_CUDA_USED(X)                                                                                   \
+    X(cuDeviceGetCount, (int *count))                                                                     \
+    X(cuDeviceGet, (CUdevice * device, int ordinal))                                                      \
+    X(cuDeviceGetUuid, (CUuuid * uuid, CUdevice dev))                                                     \
+    X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev))                                                  \
+    X(cuCtxGetDevice, (CUdevice * device))                                                                \
+    X(cuMemGetAllocationGranularity, (size_t * granularity, const CUmemAllocationProp *prop, int option))
 
 #define GS_NVML_HOOKED(X)                                                            \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory))         \

@@ -332,3 +332,15 @@ void gs_region_after_fork_child(void)
     my_slot = NULL;
     last_reap_ns = 0;
 }
+
+/* The region registers its own fork handler; a process that ends normally gives its slot back at once (one
+ * that is killed is reaped by the others). */
+__attribute__((constructor)) static void register_fork_child(void)
+{
+    pthread_atfork(NULL, NULL, gs_region_after_fork_child);
+}
+
+__attribute__((destructor)) static void detach_at_exit(void)
+{
+    gs_region_detach();
+}

@@ -214,6 +214,7 @@ void gs_throttle_after_fork_child(void)
         watches[d].spent = watches[d].waits = 0;
     }
 }
+GS_ON_FORK_CHILD(gs_throttle_after_fork_child)
 
 GS_EXPORT int gpushare_throttle_stats(int dev, struct gpushare_throttle_stats *out)
 {

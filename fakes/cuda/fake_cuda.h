@@ -26,79 +26,10 @@
 
 #pragma GCC visibility push(hidden)
 
-/* --- cuda.h types (only those used) ---------------------------------------------------------------------- */
-typedef int CUresult;
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_NOT_INITIALIZED 3
-#define CUDA_ERROR_NO_DEVICE 100
-#define CUDA_ERROR_INVALID_DEVICE 101
-#define CUDA_ERROR_INVALID_CONTEXT 201
-#define CUDA_ERROR_INVALID_HANDLE 400
-#define CUDA_ERROR_NOT_FOUND 500
-#define CUDA_ERROR_NOT_SUPPORTED 801
-
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef uint64_t cuuint64_t;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUgraphExec_st *CUgraphExec;
-typedef struct CUmemPoolHandle_st *CUmemoryPool;
-typedef struct CUctxCreateParams_st CUctxCreateParams;
-typedef struct CUexecAffinityParam_st CUexecAffinityParam;
-typedef struct CUlaunchAttribute_st CUlaunchAttribute;
-typedef struct CUuuid_st {
-    char bytes[16];
-} CUuuid;
-
-#define CU_GET_PROC_ADDRESS_LEGACY_STREAM (1 << 0)
-#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (1 << 1)
-typedef int CUdriverProcAddressQueryResult;
-#define CU_GET_PROC_ADDRESS_SUCCESS 0
-#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
-#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
-
-typedef struct CUlaunchConfig_st {
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    CUstream hStream;
-    CUlaunchAttribute *attrs;
-    unsigned int numAttrs;
-} CUlaunchConfig;
-
-#define CU_MEM_LOCATION_TYPE_DEVICE 1
-#define CU_MEM_LOCATION_TYPE_HOST 2
-typedef struct CUmemLocation_st {
-    int type;
-    int id;
-} CUmemLocation;
-typedef struct CUmemAllocationProp_st {
-    int type;
-    int requestedHandleTypes;
-    CUmemLocation location;
-    void *win32HandleMetaData;
-    struct {
-        unsigned char compressionType, gpuDirectRDMACapable;
-        unsigned short usage;
-        unsigned char reserved[4];
-    } allocFlags;
-} CUmemAllocationProp;
-typedef struct CUmemPoolProps_st {
-    int allocType;
-    int handleTypes;
-    CUmemLocation location;
-    void *win32SecurityAttributes;
-    size_t maxSize;
-    unsigned short usage;
-    unsigned char reserved[54];
-} CUmemPoolProps;
-
-#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+/* --- cuda.h types: the shim's declaration (shim/gs_cuda_types.h), so the two cannot disagree on a layout -- */
+#pragma GCC visibility pop
+#include "gs_cuda_types.h"
+#pragma GCC visibility push(hidden)
 
 /* --- internals shared by the fake's files ---------------------------------------------------------------- */
 #define FAKE_CUDA_MAX_DEVICES FAKE_GPU_MAX_GPUS
