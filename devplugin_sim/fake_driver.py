@@ -3,7 +3,9 @@
 The fake `libnvidia-ml.so.1` (fakes/nvml, built by `make native` into build/fakes) reads the config named by
 FAKE_NVML_CONFIG at nvmlInit and mmaps `<config>.state`, whose live fields this module changes while the
 process under test runs: a GPU lost, its utilisation, its used memory; and it raises XID events that wake
-nvmlEventSetWait in any process. fakes/README.md describes both files.
+nvmlEventSetWait in any process. The state file also holds each GPU's simulated timeline (kernels of every process
+run there one after another, fakes/fake_gpu_timeline.h): `process_times` reads how much GPU time each process got.
+fakes/README.md describes both files.
 
 Two ways to use it:
 - subprocess: `subprocess.run(..., env={**os.environ, **driver.env()})`;
@@ -31,9 +33,22 @@ FAKE_EVENT_GPU_LOST = 0x8000000000000000
 MAX_GPUS = 16
 EVENT_RING = 64
 STATE_MAGIC = 0x3154535550474B46
-STATE_VERSION = 1
+STATE_VERSION = 2
+MAX_PROCS = 64
+SEGMENTS = 512
+PROC_SAMPLES = 16
+DEFAULT_HOST_PID_OFFSET = 100000  # NVML reports pid + this: a host's view of a pod's processes
 SEED_GPU_NAME = "Tesla V100-SXM2-16GB"
 _SEED_NAMESPACE = uuidlib.UUID("5f0d3a3e-6c4b-4b7e-9a43-2f1b6c7d8e90")
+
+
+@dataclass(frozen=True)
+class ProcessTime:
+    """GPU time one process context has had on the simulated GPU."""
+
+    pid: int  # the process's own pid
+    host_pid: int  # the pid NVML reports for it
+    busy_ns: int  # kernel time run so far
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,13 @@ def _library() -> ctypes.CDLL:
         lib.fakeNvml_refcount.restype = ctypes.c_int
         lib.fakeNvml_stateLayout.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
         lib.fakeNvml_stateLayout.restype = ctypes.c_int
+        lib.fakeNvml_processTimes.argtypes = [
+            ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
+            ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int,
+        ]
+        lib.fakeNvml_processTimes.restype = ctypes.c_int
+        lib.fakeNvml_utilization.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+        lib.fakeNvml_utilization.restype = ctypes.c_int
         _loaded = lib
     return _loaded
 
@@ -165,6 +187,46 @@ class _Event(ctypes.Structure):
     ]
 
 
+class _Segment(ctypes.Structure):
+    _fields_ = [("proc", ctypes.c_uint32), ("pid", ctypes.c_int32), ("start", ctypes.c_uint64),
+                ("end", ctypes.c_uint64)]
+
+
+class _Sample(ctypes.Structure):
+    _fields_ = [("ts_us", ctypes.c_uint64), ("sm_util", ctypes.c_uint32), ("span_us", ctypes.c_uint32)]
+
+
+class _Proc(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_int32),
+        ("host_pid", ctypes.c_uint32),
+        ("gpu", ctypes.c_uint32),
+        ("nsamples", ctypes.c_uint32),
+        ("queued_ns", ctypes.c_uint64),
+        ("busy_ns", ctypes.c_uint64),
+        ("sampled_busy_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 3),
+        ("samples", _Sample * PROC_SAMPLES),
+    ]
+
+
+class _Timeline(ctypes.Structure):
+    _fields_ = [
+        ("lock", ctypes.c_uint32),
+        ("nseg", ctypes.c_uint32),
+        ("head", ctypes.c_uint32),
+        ("util_percent", ctypes.c_uint32),
+        ("busy_until", ctypes.c_uint64),
+        ("settled_at", ctypes.c_uint64),
+        ("busy_ns", ctypes.c_uint64),
+        ("last_sample_ns", ctypes.c_uint64),
+        ("sampled_busy_ns", ctypes.c_uint64),
+        ("last_work_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 2),
+        ("seg", _Segment * SEGMENTS),
+    ]
+
+
 class _State(ctypes.Structure):
     """Mirror of struct fake_gpu_state (fakes/fake_gpu_state.h); checked against the C layout at load."""
 
@@ -175,10 +237,18 @@ class _State(ctypes.Structure):
         ("event_seq", ctypes.c_uint32),
         ("reserved0", ctypes.c_uint32),
         ("instance", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint32 * 8),
+        ("host_pid_offset", ctypes.c_uint32),
+        ("sample_period_ms", ctypes.c_uint32),
+        ("proc_lock", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32 * 5),
         ("gpus", _Slot * MAX_GPUS),
         ("events", _Event * EVENT_RING),
+        ("timeline", _Timeline * MAX_GPUS),
+        ("procs", _Proc * MAX_PROCS),
     ]
+
+
+STATE_SIZE = ctypes.sizeof(_State)
 
 
 def python_state_layout() -> list[int]:
@@ -199,6 +269,14 @@ def python_state_layout() -> list[int]:
         EVENT_RING,
         STATE_MAGIC,
         STATE_VERSION,
+        _State.host_pid_offset.offset,
+        _State.sample_period_ms.offset,
+        _State.timeline.offset,
+        ctypes.sizeof(_Timeline),
+        _State.procs.offset,
+        ctypes.sizeof(_Proc),
+        _Proc.host_pid.offset,
+        _Proc.busy_ns.offset,
     ]
 
 
@@ -227,8 +305,18 @@ class FakeDriver:
         driver_version: str = "550.54.15",
         cuda_version: int = 12040,
         name: str = "nvml.conf",
+        host_pid_offset: int = DEFAULT_HOST_PID_OFFSET,
+        sample_period_ms: int = 50,
     ) -> FakeDriver:
-        """Write `<directory>/<name>` and a fresh state file next to it; return the driver."""
+        """Write `<directory>/<name>` and a fresh state file next to it; return the driver.
+
+        host_pid_offset: NVML reports each process as pid + this (0: its own pid), as a host sees a pod's
+        processes. sample_period_ms: how often the simulated GPU takes utilisation samples.
+        """
+        if not 0 <= host_pid_offset < 1 << 31:
+            raise ValueError(f"host_pid_offset must be 0..2^31-1, not {host_pid_offset}")
+        if not 1 <= sample_period_ms <= 10000:
+            raise ValueError(f"sample_period_ms must be 1..10000, not {sample_period_ms}")
         if len(gpus) > MAX_GPUS:
             raise ValueError(f"the fake driver simulates at most {MAX_GPUS} GPUs, not {len(gpus)}")
         for i, gpu in enumerate(gpus):
@@ -247,6 +335,9 @@ class FakeDriver:
         driver = cls(config, gpus)
         driver.state_path.unlink(missing_ok=True)
         driver._open_state()
+        assert driver._state is not None
+        driver._state.host_pid_offset = host_pid_offset
+        driver._state.sample_period_ms = sample_period_ms
         return driver
 
     @classmethod
@@ -334,7 +425,13 @@ class FakeDriver:
         self._slot(gpu_index).mem_used_bytes = used_bytes
 
     def utilization(self, gpu_index: int) -> int:
-        return int(self._slot(gpu_index).util_percent)
+        """What nvmlDeviceGetUtilizationRates reports now: the simulated timeline's last sample while kernels
+        run there (within the last 2 s), else what set_utilization wrote."""
+        self._slot(gpu_index)
+        util = _library().fakeNvml_utilization(str(self.state_path).encode(), gpu_index)
+        if util < 0:
+            raise OSError(-util, f"cannot read the fake GPU state {self.state_path}: {os.strerror(-util)}")
+        return int(util)
 
     def memory_used(self, gpu_index: int) -> int:
         """Used bytes as the state says (written by tests or by the fake libcuda's allocations)."""
@@ -342,6 +439,23 @@ class FakeDriver:
 
     def is_lost(self, gpu_index: int) -> bool:
         return bool(self._slot(gpu_index).lost)
+
+    @property
+    def host_pid_offset(self) -> int:
+        """NVML reports a process as its pid + this."""
+        if self._state is None:
+            raise RuntimeError("this FakeDriver is closed")
+        return int(self._state.host_pid_offset)
+
+    def process_times(self, gpu_index: int) -> list[ProcessTime]:
+        """Kernel time each process context on the GPU has run so far (contexts of ended processes drop out)."""
+        self._slot(gpu_index)
+        n = MAX_PROCS
+        pids, hosts, busy = (ctypes.c_uint * n)(), (ctypes.c_uint * n)(), (ctypes.c_ulonglong * n)()
+        count = _library().fakeNvml_processTimes(str(self.state_path).encode(), gpu_index, pids, hosts, busy, n)
+        if count < 0:
+            raise OSError(-count, f"cannot read the fake GPU timeline in {self.state_path}: {os.strerror(-count)}")
+        return [ProcessTime(int(pids[i]), int(hosts[i]), int(busy[i])) for i in range(min(count, n))]
 
     def close(self) -> None:
         self._state = None

@@ -10,6 +10,9 @@
  *   mem_util_percent tests; nvmlDeviceGetUtilizationRates.memory
  *   mem_used_bytes   tests and the fake libcuda (allocations: use __atomic_fetch_add/sub); NVML memory "used"
  *   events[]         fake_gpu_state_post_event only (tests raise XIDs through fakeNvml_postEvent)
+ *   host_pid_offset  tests (FakeDriver.create): NVML reports pid + offset, as a host sees a pod's processes
+ *   sample_period_ms tests: how often the simulated GPU takes a utilisation sample (0 = 50 ms)
+ *   timeline[], procs[]  the fake libcuda and NVML, through fake_gpu_timeline.h (the simulated GPU's work)
  * Readers use __atomic_load_n; every field is naturally aligned, so plain aligned stores from Python
  * (ctypes over mmap) are single stores too.
  *
@@ -43,9 +46,12 @@
 #define FAKE_GPU_CONFIG_ENV "FAKE_NVML_CONFIG"
 #define FAKE_GPU_STATE_SUFFIX ".state"
 #define FAKE_GPU_STATE_MAGIC 0x3154535550474b46ULL /* "FKGPUST1" read as little-endian bytes */
-#define FAKE_GPU_STATE_VERSION 1u
+#define FAKE_GPU_STATE_VERSION 2u
 #define FAKE_GPU_MAX_GPUS 16
 #define FAKE_GPU_EVENT_RING 64
+#define FAKE_GPU_MAX_PROCS 64      /* process contexts, across all GPUs */
+#define FAKE_GPU_SEGMENTS 512      /* queued kernel spans per GPU not yet run */
+#define FAKE_GPU_PROC_SAMPLES 16   /* utilisation samples kept per process context */
 
 /* Event types travel as NVML's nvmlEventType bits (XID critical error = 0x8, eventData = the XID). This one
  * is the fake's own: "GPU <i> just fell off the bus"; waiters registered for that GPU return GPU_IS_LOST. */
@@ -68,6 +74,48 @@ struct fake_gpu_event {             /* 32 bytes */
     uint64_t event_data;
 };
 
+/* One span of queued kernel work of one process on a GPU's timeline (consecutive kernels merge). */
+struct fake_gpu_segment {           /* 24 bytes */
+    uint32_t proc;                  /* index in procs[] */
+    int32_t pid;                    /* its pid when queued: work of a process gone since is credited to no one */
+    uint64_t start, end;            /* CLOCK_MONOTONIC ns */
+};
+
+struct fake_gpu_sample {            /* 16 bytes */
+    uint64_t ts_us;                 /* CLOCK_REALTIME us when taken (NVML's timeStamp) */
+    uint32_t sm_util;               /* percent of the span the process's kernels ran */
+    uint32_t span_us;
+};
+
+/* A process's context on one GPU: what NVML lists and samples. */
+struct fake_gpu_proc {              /* 64 + 16 * FAKE_GPU_PROC_SAMPLES bytes */
+    int32_t pid;                    /* the process's getpid(); 0 = free */
+    uint32_t host_pid;              /* the pid NVML reports (pid + host_pid_offset) */
+    uint32_t gpu;                   /* config index */
+    uint32_t nsamples;              /* samples taken; the newest is samples[(nsamples - 1) % RING] */
+    uint64_t queued_ns;             /* kernel time queued */
+    uint64_t busy_ns;               /* kernel time run so far (up to the GPU's settled_at) */
+    uint64_t sampled_busy_ns;       /* busy_ns at the last sample */
+    uint64_t reserved[3];
+    struct fake_gpu_sample samples[FAKE_GPU_PROC_SAMPLES];
+};
+
+/* A GPU's shared timeline: kernels of every process run one after another in the order they were queued. */
+struct fake_gpu_timeline {
+    uint32_t lock;                  /* 0 = free, else the holder's pid (taken over when the holder is gone) */
+    uint32_t nseg;                  /* spans queued and not fully run */
+    uint32_t head;                  /* seg[] index of the oldest */
+    uint32_t util_percent;          /* busy share of the last sample span */
+    uint64_t busy_until;            /* CLOCK_MONOTONIC ns when the queued work ends */
+    uint64_t settled_at;            /* work before this instant is credited to busy_ns and the processes */
+    uint64_t busy_ns;               /* kernel time run so far */
+    uint64_t last_sample_ns;        /* CLOCK_MONOTONIC ns of the last sample */
+    uint64_t sampled_busy_ns;       /* busy_ns at the last sample */
+    uint64_t last_work_ns;          /* when work was last queued; 0 = never */
+    uint64_t reserved[2];
+    struct fake_gpu_segment seg[FAKE_GPU_SEGMENTS];
+};
+
 struct fake_gpu_state {
     uint64_t magic;                 /* FAKE_GPU_STATE_MAGIC */
     uint32_t version;               /* FAKE_GPU_STATE_VERSION */
@@ -75,9 +123,14 @@ struct fake_gpu_state {
     uint32_t event_seq;             /* events published so far; futex word */
     uint32_t reserved0;
     uint64_t instance;              /* random, set when the file is stamped: tells a recreated file from the old */
-    uint32_t reserved[8];
+    uint32_t host_pid_offset;       /* NVML pid = getpid() + this */
+    uint32_t sample_period_ms;      /* utilisation sample period; 0 = FAKE_GPU_SAMPLE_MS_DEFAULT */
+    uint32_t proc_lock;             /* guards procs[] registration; same protocol as fake_gpu_timeline.lock */
+    uint32_t reserved[5];
     struct fake_gpu_slot gpus[FAKE_GPU_MAX_GPUS];
     struct fake_gpu_event events[FAKE_GPU_EVENT_RING];
+    struct fake_gpu_timeline timeline[FAKE_GPU_MAX_GPUS];
+    struct fake_gpu_proc procs[FAKE_GPU_MAX_PROCS];
 };
 
 _Static_assert(sizeof(struct fake_gpu_slot) == 64, "fake_gpu_slot layout");
@@ -86,7 +139,14 @@ _Static_assert(offsetof(struct fake_gpu_state, event_seq) == 16, "fake_gpu_state
 _Static_assert(offsetof(struct fake_gpu_state, instance) == 24, "fake_gpu_state layout");
 _Static_assert(offsetof(struct fake_gpu_state, gpus) == 64, "fake_gpu_state layout");
 _Static_assert(offsetof(struct fake_gpu_state, events) == 64 + 64 * FAKE_GPU_MAX_GPUS, "fake_gpu_state layout");
-_Static_assert(sizeof(struct fake_gpu_state) == 64 + 64 * FAKE_GPU_MAX_GPUS + 32 * FAKE_GPU_EVENT_RING,
+_Static_assert(offsetof(struct fake_gpu_state, timeline) == 64 + 64 * FAKE_GPU_MAX_GPUS + 32 * FAKE_GPU_EVENT_RING,
+               "fake_gpu_state layout");
+_Static_assert(sizeof(struct fake_gpu_segment) == 24, "fake_gpu_segment layout");
+_Static_assert(sizeof(struct fake_gpu_sample) == 16, "fake_gpu_sample layout");
+_Static_assert(sizeof(struct fake_gpu_proc) == 64 + 16 * FAKE_GPU_PROC_SAMPLES, "fake_gpu_proc layout");
+_Static_assert(sizeof(struct fake_gpu_timeline) == 80 + 24 * FAKE_GPU_SEGMENTS, "fake_gpu_timeline layout");
+_Static_assert(offsetof(struct fake_gpu_state, procs) ==
+                   offsetof(struct fake_gpu_state, timeline) + sizeof(struct fake_gpu_timeline) * FAKE_GPU_MAX_GPUS,
                "fake_gpu_state layout");
 
 /* Map the state file read-write. create: make and stamp it when missing. On failure: NULL and a one-line
@@ -155,9 +215,9 @@ static inline uint64_t fake_gpu_state_instance(const char *path)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
-    ssize_t n = pread(fd, &head, offsetof(struct fake_gpu_state, reserved), 0);
+    ssize_t n = pread(fd, &head, offsetof(struct fake_gpu_state, host_pid_offset), 0);
     close(fd);
-    if (n != (ssize_t)offsetof(struct fake_gpu_state, reserved) || head.magic != FAKE_GPU_STATE_MAGIC)
+    if (n != (ssize_t)offsetof(struct fake_gpu_state, host_pid_offset) || head.magic != FAKE_GPU_STATE_MAGIC)
         return 0;
     return head.instance;
 }

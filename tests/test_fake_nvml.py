@@ -14,6 +14,7 @@ import pynvml
 import pytest
 
 from devplugin_sim.fake_driver import (
+    STATE_SIZE,
     FakeDriver,
     FakeGPU,
     c_state_layout,
@@ -110,10 +111,11 @@ def test_reserved_memory(make_driver) -> None:
     assert (v2.reserved, v2.used, v2.free) == (GIB // 2, GIB, v1.free)
 
 
-def test_no_processes_and_no_per_process_utilisation(nvml: FakeDriver) -> None:
+def test_no_processes_and_no_per_process_utilisation_before_a_context(nvml: FakeDriver) -> None:
+    # Processes and their utilisation (tests/test_fake_gpu_timeline.py) appear once a process creates a context.
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
-    with pytest.raises(pynvml.NVMLError_NotSupported):
+    with pytest.raises(pynvml.NVMLError_NotFound):
         pynvml.nvmlDeviceGetProcessUtilization(h, 0)
 
 
@@ -206,7 +208,7 @@ def test_handwritten_config_gets_defaults_and_a_state_file(make_driver, tmp_path
         assert pynvml.nvmlSystemGetDriverVersion() == "550.54.15"
     finally:
         pynvml.nvmlShutdown()
-    assert (tmp_path / "hand.conf.state").stat().st_size == 64 + 64 * 16 + 32 * 64
+    assert (tmp_path / "hand.conf.state").stat().st_size == STATE_SIZE
     attached = FakeDriver.attach(config)
     assert attached.gpus[0].name == "My GPU" and attached.gpus[0].numa_node is None
     attached.close()

@@ -3,6 +3,8 @@ through the state file, cuGetProcAddress with versions and per-thread-stream var
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, make_node, run, start, until
@@ -73,4 +75,7 @@ def test_simulated_kernels_show_as_utilisation(node):
     finally:
         holder.stdin.close()
         holder.wait(timeout=10)
-    assert node.driver.utilization(0) == 0  # it ended: the GPU is idle
+    deadline = time.monotonic() + 2  # it ended: the GPU's next utilisation sample shows it idle
+    while node.driver.utilization(0) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert node.driver.utilization(0) == 0

@@ -8,8 +8,9 @@
  *   FAKE_CUDA_CONTEXT_MIB       device memory a process's first context on a GPU takes (default 0)
  *   FAKE_CUDA_NS_PER_BLOCK      simulated kernel time per thread block (default 0: kernels take no time)
  *   FAKE_CUDA_QUEUE_US          work a stream may queue before a launch blocks (default 1000)
- * While kernels take time, a thread writes the busy share of the last 100 ms into util_percent of the state
- * file (what nvmlDeviceGetUtilizationRates reports); tests may also write util_percent themselves.
+ * Kernels of every process run on one shared timeline per GPU in the state file (fake_gpu_timeline.h), from
+ * which the fake NVML reports the GPU's and each process context's utilisation; a context registers the
+ * process there (NVML lists it under pid + host_pid_offset).
  *
  * Exported functions are aliases of hidden implementations, and cuGetProcAddress hands out the hidden
  * addresses, as the real driver does: an LD_PRELOAD library can interpose the exported names but not the
@@ -62,8 +63,10 @@ void fake_mem_give(int dev, uint64_t bytes);
 uint64_t fake_env_u64(const char *name, uint64_t dflt);
 /* Look a driver entry point up the way cuGetProcAddress does. NULL when there is none. */
 void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low);
-/* Wait until the simulated GPU has finished the work queued on dev. */
+/* Wait until the simulated GPU has finished the work this process queued on dev. */
 void fake_sim_drain(int dev);
+/* Register this process's context on dev with the simulated GPU (NVML lists it from then on). */
+void fake_sim_attach(int dev);
 
 #pragma GCC visibility pop
 

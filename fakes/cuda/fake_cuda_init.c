@@ -257,6 +257,8 @@ static CUresult charge_context(int dev)
         }
     }
     pthread_mutex_unlock(&ctx_lock);
+    if (rc == CUDA_SUCCESS)
+        fake_sim_attach(dev);
     return rc;
 }
 

@@ -1,38 +1,20 @@
-/* Fake driver: kernel launches and the simulated GPU's busy time.
+/* Fake driver: kernel launches on the simulated GPU's shared timeline (fake_gpu_timeline.h).
  *
- * With FAKE_CUDA_NS_PER_BLOCK set, each launch queues blocks * ns_per_block of work on its GPU; work runs back
- * to back, a launch blocks while more than FAKE_CUDA_QUEUE_US of work is queued (as a full launch queue does),
- * and a thread publishes the busy share of the last 100 ms as util_percent. Without it launches only count. */
+ * With FAKE_CUDA_NS_PER_BLOCK set, each launch queues blocks * ns_per_block of work on its GPU's timeline, after
+ * the work every process queued before it; a launch blocks while its own work would end more than
+ * FAKE_CUDA_QUEUE_US from now (as a full launch queue does). The timeline credits run time to the GPU and to
+ * this process's context, which NVML reports. Without it launches only count. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "fake_cuda_api.h"
+#include "fake_gpu_timeline.h"
 
-#define UTIL_TICK_NS 20000000ULL /* 20 ms */
-#define UTIL_SAMPLES 6           /* window = 5 ticks = 100 ms */
-
-struct sim_gpu {
-    pthread_mutex_t lock;
-    uint64_t busy_until; /* monotonic ns when the queued work ends */
-    uint64_t work_total; /* ns of work ever queued */
-    int active;
-    uint64_t sample_t[UTIL_SAMPLES], sample_busy[UTIL_SAMPLES];
-    int samples;
-};
-
-static struct sim_gpu sim[FAKE_CUDA_MAX_DEVICES];
 static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
 static uint64_t ns_per_block, queue_ns;
-static int util_thread_started;
-static pthread_mutex_t util_thread_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
+static int proc_index[FAKE_CUDA_MAX_DEVICES]; /* this process's procs[] entry per CUDA ordinal, + 1; 0 = none */
+static uint64_t last_end[FAKE_CUDA_MAX_DEVICES]; /* when this process's queued work ends, per CUDA ordinal */
 
 static void sleep_ns(uint64_t ns)
 {
@@ -45,62 +27,17 @@ static void read_settings(void)
 {
     ns_per_block = fake_env_u64("FAKE_CUDA_NS_PER_BLOCK", 0);
     queue_ns = fake_env_u64("FAKE_CUDA_QUEUE_US", 1000) * 1000ULL;
-    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++)
-        pthread_mutex_init(&sim[d].lock, NULL);
 }
 
-/* Busy time up to `now`: all queued work minus what is still waiting to run. */
-static uint64_t busy_at(struct sim_gpu *g, uint64_t now)
+void fake_sim_attach(int dev)
 {
-    uint64_t pending = g->busy_until > now ? g->busy_until - now : 0;
-    return g->work_total - pending;
-}
-
-static void *util_thread(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        sleep_ns(UTIL_TICK_NS);
-        uint64_t now = now_ns();
-        for (int d = 0; d < fake_device_count; d++) {
-            struct sim_gpu *g = &sim[d];
-            pthread_mutex_lock(&g->lock);
-            if (!g->active) {
-                pthread_mutex_unlock(&g->lock);
-                continue;
-            }
-            int n = g->samples < UTIL_SAMPLES ? g->samples : UTIL_SAMPLES - 1;
-            for (int i = n; i > 0; i--) {
-                g->sample_t[i] = g->sample_t[i - 1];
-                g->sample_busy[i] = g->sample_busy[i - 1];
-            }
-            g->sample_t[0] = now;
-            g->sample_busy[0] = busy_at(g, now);
-            if (g->samples < UTIL_SAMPLES)
-                g->samples++;
-            int old = g->samples - 1;
-            uint64_t span = now - g->sample_t[old];
-            uint64_t busy = g->sample_busy[0] - g->sample_busy[old];
-            unsigned util = span ? (unsigned)((busy * 100 + span / 2) / span) : 0;
-            pthread_mutex_unlock(&g->lock);
-            __atomic_store_n(&fake_state->gpus[fake_devices[d].config_index].util_percent, util > 100 ? 100 : util,
-                             __ATOMIC_RELAXED);
-        }
-    }
-    return NULL;
-}
-
-static void start_util_thread(void)
-{
-    pthread_mutex_lock(&util_thread_lock);
-    if (!util_thread_started) {
-        pthread_t t;
-        if (pthread_create(&t, NULL, util_thread, NULL) == 0) {
-            pthread_detach(t);
-            util_thread_started = 1;
-        }
-    }
-    pthread_mutex_unlock(&util_thread_lock);
+    if (!fake_state || dev < 0 || dev >= fake_device_count || __atomic_load_n(&proc_index[dev], __ATOMIC_ACQUIRE))
+        return;
+    int i = fake_tl_attach(fake_state, (unsigned)fake_devices[dev].config_index);
+    if (i < 0)
+        fprintf(stderr, "fake libcuda: more than %d processes have contexts; this one is not listed by NVML\n",
+                FAKE_GPU_MAX_PROCS);
+    __atomic_store_n(&proc_index[dev], i + 1, __ATOMIC_RELEASE);
 }
 
 /* Queue the work of one launch on the current GPU; blocks while the queue is full. */
@@ -114,17 +51,14 @@ static CUresult run_kernel(uint64_t blocks)
     pthread_once(&sim_once, read_settings);
     if (!ns_per_block)
         return CUDA_SUCCESS;
-    if (!__atomic_load_n(&util_thread_started, __ATOMIC_ACQUIRE))
-        start_util_thread();
-    struct sim_gpu *g = &sim[ctx->device];
-    uint64_t now = now_ns();
-    pthread_mutex_lock(&g->lock);
-    g->active = 1;
-    uint64_t start = g->busy_until > now ? g->busy_until : now;
-    g->busy_until = start + blocks * ns_per_block;
-    g->work_total += blocks * ns_per_block;
-    uint64_t end = g->busy_until;
-    pthread_mutex_unlock(&g->lock);
+    fake_sim_attach(ctx->device);
+    unsigned gpu = (unsigned)fake_devices[ctx->device].config_index;
+    uint64_t end;
+    while (!(end = fake_tl_queue(fake_state, gpu, __atomic_load_n(&proc_index[ctx->device], __ATOMIC_ACQUIRE) - 1,
+                                 blocks * ns_per_block)))
+        sleep_ns(100000); /* the GPU's queue of spans is full */
+    __atomic_store_n(&last_end[ctx->device], end, __ATOMIC_RELEASE);
+    uint64_t now = fake_tl_now_ns();
     if (end > now + queue_ns)
         sleep_ns(end - now - queue_ns);
     return CUDA_SUCCESS;
@@ -132,24 +66,16 @@ static CUresult run_kernel(uint64_t blocks)
 
 void fake_sim_drain(int dev)
 {
-    pthread_once(&sim_once, read_settings);
-    pthread_mutex_lock(&sim[dev].lock);
-    uint64_t end = sim[dev].busy_until;
-    pthread_mutex_unlock(&sim[dev].lock);
-    uint64_t now = now_ns();
+    uint64_t end = __atomic_load_n(&last_end[dev], __ATOMIC_ACQUIRE), now = fake_tl_now_ns();
     if (end > now)
         sleep_ns(end - now);
 }
 
+/* After fork the child is a new process to the GPU: its contexts register anew. */
 static void child_after_fork(void)
 {
-    util_thread_started = 0;
-    pthread_mutex_init(&util_thread_lock, NULL);
-    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++) {
-        pthread_mutex_init(&sim[d].lock, NULL);
-        sim[d].active = 0;
-        sim[d].samples = 0;
-    }
+    memset(proc_index, 0, sizeof proc_index);
+    memset(last_end, 0, sizeof last_end);
 }
 
 __attribute__((constructor)) static void register_fork_handler(void)
@@ -157,14 +83,11 @@ __attribute__((constructor)) static void register_fork_handler(void)
     pthread_atfork(NULL, NULL, child_after_fork);
 }
 
-/* A process that simulated kernels leaves its GPUs idle when it ends. */
-__attribute__((destructor)) static void clear_util(void)
+/* A process that ends leaves NVML's process lists. */
+__attribute__((destructor)) static void detach(void)
 {
-    if (!fake_state)
-        return;
-    for (int d = 0; d < fake_device_count; d++)
-        if (sim[d].active)
-            __atomic_store_n(&fake_state->gpus[fake_devices[d].config_index].util_percent, 0, __ATOMIC_RELAXED);
+    if (fake_state)
+        fake_tl_detach_all(fake_state);
 }
 
 static uint64_t grid(unsigned x, unsigned y, unsigned z)

@@ -105,6 +105,29 @@ typedef struct nvmlProcessUtilizationSample_st {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 
+/* nvmlDeviceGetProcessesUtilizationInfo (R550+). */
+typedef struct nvmlProcessUtilizationInfo_v1_st {
+    unsigned long long timeStamp;
+    unsigned int pid;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+    unsigned int jpgUtil;
+    unsigned int ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct nvmlProcessesUtilizationInfo_v1_st {
+    unsigned int version; /* nvmlProcessesUtilizationInfo_v1 */
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+typedef nvmlProcessesUtilizationInfo_v1_t nvmlProcessesUtilizationInfo_t;
+#define nvmlProcessesUtilizationInfo_v1 NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1)
+
+#define NVML_VALUE_NOT_AVAILABLE (~0ULL) /* usedGpuMemory the driver cannot report */
+
 typedef struct nvmlDeviceAttributes_st {
     unsigned int multiprocessorCount;
     unsigned int sharedCopyEngineCount;

@@ -9,6 +9,7 @@
 
 #include "fake_gpu_config.h"
 #include "fake_gpu_state.h"
+#include "fake_gpu_timeline.h"
 #include "nvml/fake_nvml.h"
 
 #define SUPPORTED_EVENTS                                                                                          \
@@ -462,6 +463,19 @@ static unsigned percent(const uint32_t *p)
     return v > 100 ? 100 : v;
 }
 
+/* While kernels run on the GPU's simulated timeline (fake_gpu_timeline.h), the busy share of its last sample
+ * span; otherwise what a test wrote into util_percent. */
+static unsigned gpu_utilisation(struct fake_gpu_state *st, unsigned gpu)
+{
+    struct fake_gpu_timeline *t = &st->timeline[gpu];
+    uint64_t last = __atomic_load_n(&t->last_work_ns, __ATOMIC_RELAXED);
+    if (last && fake_tl_now_ns() - last < FAKE_GPU_RECENT_WORK_NS) {
+        fake_tl_update(st, gpu);
+        return percent(&t->util_percent);
+    }
+    return percent(&st->gpus[gpu].util_percent);
+}
+
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *utilization)
 {
     const struct fake_gpu_info *g;
@@ -470,26 +484,159 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlU
         r = NVML_ERROR_INVALID_ARGUMENT;
     if (r != NVML_SUCCESS)
         return r;
-    utilization->gpu = percent(&g_map->state->gpus[dev->index].util_percent);
+    utilization->gpu = gpu_utilisation(g_map->state, dev->index);
     utilization->memory = percent(&g_map->state->gpus[dev->index].mem_util_percent);
     return NVML_SUCCESS;
 }
 
-/* The fake knows utilisation per GPU, not per process. */
+/* One entry per process context on the GPU whose kernels ran in samples newer than lastSeen: the time-weighted
+ * mean of those samples, stamped with the newest. */
+struct proc_util {
+    unsigned pid;
+    unsigned long long ts;
+    unsigned sm;
+};
+
+static unsigned collect_process_util(unsigned gpu, unsigned long long lastSeen, struct proc_util *out)
+{
+    struct fake_gpu_state *st = g_map->state;
+    struct fake_gpu_timeline *t = &st->timeline[gpu];
+    unsigned n = 0;
+    fake_tl_lock(&t->lock);
+    uint64_t now = fake_tl_now_ns();
+    fake_tl_settle(st, gpu, now);
+    fake_tl_sample(st, gpu, now);
+    for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
+        const struct fake_gpu_proc *p = &st->procs[i];
+        int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
+        if (!pid || p->gpu != gpu || !fake_tl_alive(pid))
+            continue;
+        unsigned total = p->nsamples, keep = total < FAKE_GPU_PROC_SAMPLES ? total : FAKE_GPU_PROC_SAMPLES;
+        unsigned long long weighted = 0, span = 0, newest = 0;
+        for (unsigned k = 0; k < keep; k++) {
+            const struct fake_gpu_sample *smp = &p->samples[(total - 1 - k) % FAKE_GPU_PROC_SAMPLES];
+            if (smp->ts_us <= lastSeen)
+                continue;
+            weighted += (unsigned long long)smp->sm_util * smp->span_us;
+            span += smp->span_us;
+            newest = smp->ts_us > newest ? smp->ts_us : newest;
+        }
+        unsigned sm = span ? (unsigned)((weighted + span / 2) / span) : 0;
+        if (sm)
+            out[n++] = (struct proc_util){p->host_pid, newest, sm};
+    }
+    fake_tl_unlock(&t->lock);
+    return n;
+}
+
+/* Real semantics: NULL buffer or too small a count: INSUFFICIENT_SIZE with the count needed; no process with
+ * utilisation in samples newer than lastSeenTimeStamp: NOT_FOUND. */
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *u,
                                                            unsigned int *count, unsigned long long lastSeen)
 {
-    (void)u, (void)lastSeen;
     const struct fake_gpu_info *g;
     nvmlReturn_t r = device(dev, &g);
     if (r == NVML_SUCCESS && !count)
         r = NVML_ERROR_INVALID_ARGUMENT;
-    return r != NVML_SUCCESS ? r : NVML_ERROR_NOT_SUPPORTED;
+    if (r != NVML_SUCCESS)
+        return r;
+    struct proc_util found[FAKE_GPU_MAX_PROCS];
+    unsigned n = collect_process_util(dev->index, lastSeen, found);
+    if (!u || *count < n) {
+        *count = n ? n : FAKE_GPU_MAX_PROCS;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = n;
+    if (!n)
+        return NVML_ERROR_NOT_FOUND;
+    for (unsigned i = 0; i < n; i++)
+        u[i] = (nvmlProcessUtilizationSample_t){.pid = found[i].pid, .timeStamp = found[i].ts, .smUtil = found[i].sm};
+    return NVML_SUCCESS;
 }
 
-/* No processes are ever listed: the fake has no view of them. */
-static nvmlReturn_t no_processes(nvmlDevice_t dev, unsigned int *infoCount)
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t dev,
+                                                                 nvmlProcessesUtilizationInfo_t *info)
 {
+    const struct fake_gpu_info *g;
+    nvmlReturn_t r = device(dev, &g);
+    if (r == NVML_SUCCESS && !info)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NVML_SUCCESS && info->version != nvmlProcessesUtilizationInfo_v1)
+        r = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (r != NVML_SUCCESS)
+        return r;
+    struct proc_util found[FAKE_GPU_MAX_PROCS];
+    unsigned n = collect_process_util(dev->index, info->lastSeenTimeStamp, found);
+    if (!info->procUtilArray || info->processSamplesCount < n) {
+        info->processSamplesCount = n ? n : FAKE_GPU_MAX_PROCS;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    info->processSamplesCount = n;
+    if (!n)
+        return NVML_ERROR_NOT_FOUND;
+    for (unsigned i = 0; i < n; i++)
+        info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){
+            .timeStamp = found[i].ts, .pid = found[i].pid, .smUtil = found[i].sm};
+    return NVML_SUCCESS;
+}
+
+/* Processes with a context on the GPU, under the pids the host sees (pid + host_pid_offset). Memory per process
+ * is not simulated: usedGpuMemory = NVML_VALUE_NOT_AVAILABLE, as in many containers. */
+static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned int *infoCount, nvmlProcessInfo_t *infos,
+                                   nvmlProcessInfo_v1_t *infos_v1)
+{
+    const struct fake_gpu_info *g;
+    nvmlReturn_t r = device(dev, &g);
+    if (r == NVML_SUCCESS && !infoCount)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    if (r != NVML_SUCCESS)
+        return r;
+    const struct fake_gpu_state *st = g_map->state;
+    unsigned pids[FAKE_GPU_MAX_PROCS], n = 0;
+    for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
+        const struct fake_gpu_proc *p = &st->procs[i];
+        int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
+        if (pid && p->gpu == dev->index && fake_tl_alive(pid))
+            pids[n++] = p->host_pid;
+    }
+    if (*infoCount < n || (n && !infos && !infos_v1)) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *infoCount = n;
+    for (unsigned i = 0; i < n; i++) {
+        if (infos)
+            infos[i] = (nvmlProcessInfo_t){.pid = pids[i], .usedGpuMemory = NVML_VALUE_NOT_AVAILABLE,
+                                           .gpuInstanceId = 0xFFFFFFFFu, .computeInstanceId = 0xFFFFFFFFu};
+        else
+            infos_v1[i] = (nvmlProcessInfo_v1_t){.pid = pids[i], .usedGpuMemory = NVML_VALUE_NOT_AVAILABLE};
+    }
+    return NVML_SUCCESS;
+}
+
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *infoCount,
+                                                                nvmlProcessInfo_v1_t *infos)
+{
+    return list_processes(dev, infoCount, NULL, infos);
+}
+
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *infoCount,
+                                                                   nvmlProcessInfo_t *infos)
+{
+    return list_processes(dev, infoCount, infos, NULL);
+}
+
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *infoCount,
+                                                                   nvmlProcessInfo_t *infos)
+{
+    return list_processes(dev, infoCount, infos, NULL);
+}
+
+/* The simulated GPU runs no graphics. */
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned int *infoCount,
+                                                                    nvmlProcessInfo_t *infos)
+{
+    (void)infos;
     const struct fake_gpu_info *g;
     nvmlReturn_t r = device(dev, &g);
     if (r == NVML_SUCCESS && !infoCount)
@@ -497,34 +644,6 @@ static nvmlReturn_t no_processes(nvmlDevice_t dev, unsigned int *infoCount)
     if (r == NVML_SUCCESS)
         *infoCount = 0;
     return r;
-}
-
-FAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *infoCount,
-                                                                nvmlProcessInfo_v1_t *infos)
-{
-    (void)infos;
-    return no_processes(dev, infoCount);
-}
-
-FAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *infoCount,
-                                                                   nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    return no_processes(dev, infoCount);
-}
-
-FAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *infoCount,
-                                                                   nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    return no_processes(dev, infoCount);
-}
-
-FAKE_NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned int *infoCount,
-                                                                    nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    return no_processes(dev, infoCount);
 }
 
 /* ---- events ---------------------------------------------------------------------------------------------- */
@@ -696,6 +815,49 @@ FAKE_NVML_API int fakeNvml_postEvent(const char *statePath, unsigned int gpuInde
     return fake_gpu_state_post_event(statePath, gpuIndex, eventType, eventData);
 }
 
+/* Kernel time each process context on GPU gpuIndex has run so far (settled to now), for tests and benches that
+ * measure the share each process got. Fills up to n entries; returns how many there are, or -errno. */
+FAKE_NVML_API int fakeNvml_processTimes(const char *statePath, unsigned int gpuIndex, unsigned int *pids,
+                                        unsigned int *hostPids, unsigned long long *busyNs, int n)
+{
+    if (gpuIndex >= FAKE_GPU_MAX_GPUS)
+        return -EINVAL;
+    char err[1024];
+    struct fake_gpu_state *s = fake_gpu_state_map(statePath, 0, err, sizeof err);
+    if (!s)
+        return -ENOENT;
+    fake_tl_update(s, gpuIndex);
+    int count = 0;
+    for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
+        const struct fake_gpu_proc *p = &s->procs[i];
+        int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
+        if (!pid || p->gpu != gpuIndex)
+            continue;
+        if (count < n) {
+            pids[count] = (unsigned)pid;
+            hostPids[count] = p->host_pid;
+            busyNs[count] = __atomic_load_n(&p->busy_ns, __ATOMIC_RELAXED);
+        }
+        count++;
+    }
+    munmap(s, sizeof *s);
+    return count;
+}
+
+/* What nvmlDeviceGetUtilizationRates reports for GPU gpuIndex now (percent), or -errno. */
+FAKE_NVML_API int fakeNvml_utilization(const char *statePath, unsigned int gpuIndex)
+{
+    if (gpuIndex >= FAKE_GPU_MAX_GPUS)
+        return -EINVAL;
+    char err[1024];
+    struct fake_gpu_state *s = fake_gpu_state_map(statePath, 0, err, sizeof err);
+    if (!s)
+        return -ENOENT;
+    int util = (int)gpu_utilisation(s, gpuIndex);
+    munmap(s, sizeof *s);
+    return util;
+}
+
 /* How many nvmlInit calls are not yet matched by nvmlShutdown (tests check that code pairs them). */
 FAKE_NVML_API int fakeNvml_refcount(void)
 {
@@ -721,6 +883,14 @@ FAKE_NVML_API int fakeNvml_stateLayout(unsigned long long *out, int n)
         FAKE_GPU_EVENT_RING,
         FAKE_GPU_STATE_MAGIC,
         FAKE_GPU_STATE_VERSION,
+        offsetof(struct fake_gpu_state, host_pid_offset),
+        offsetof(struct fake_gpu_state, sample_period_ms),
+        offsetof(struct fake_gpu_state, timeline),
+        sizeof(struct fake_gpu_timeline),
+        offsetof(struct fake_gpu_state, procs),
+        sizeof(struct fake_gpu_proc),
+        offsetof(struct fake_gpu_proc, host_pid),
+        offsetof(struct fake_gpu_proc, busy_ns),
     };
     int count = (int)(sizeof v / sizeof v[0]);
     for (int i = 0; i < n && i < count; i++)
