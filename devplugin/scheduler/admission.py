@@ -1,0 +1,135 @@
+"""The admission webhooks' rules as plain functions of a pod (apiserver JSON).
+
+validate: what the node daemon could not honour, refused at the door with what to change.
+mutate: containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void, so a CUDA image's `all` does not show
+every GPU of the node to a CPU container; opt out with the label gpushare.io/visible-devices=keep on the pod
+(or on its namespace: the webhook configuration's namespaceSelector leaves such namespaces out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from devplugin.allocation.requests import PodRequestError, check_core, per_gpu_share, pod_request, resource_names
+from devplugin.contract import (
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    LABEL_ACK_MULTI_GPU,
+    LABEL_VOID_OPT_OUT,
+    VOID_OPT_OUT_VALUE,
+)
+
+VOID = "void"
+RESERVED_ENV_EXACT = (ENV_NVIDIA_VISIBLE_DEVICES, "LD_PRELOAD")
+RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_", "GPUSHARE_")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: list[dict] = field(default_factory=list)
+
+
+def _containers(pod: Mapping) -> list[tuple[str, int, Mapping]]:
+    spec = pod.get("spec") or {}
+    out = [("initContainers", i, c) for i, c in enumerate(spec.get("initContainers") or [])]
+    out += [("containers", i, c) for i, c in enumerate(spec.get("containers") or [])]
+    return out
+
+
+def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
+    """Allow or deny a pod; every denial lists each problem with what to change."""
+    try:
+        req = pod_request(pod)
+    except PodRequestError as exc:
+        return Verdict(False, str(exc))
+    problems: list[str] = []
+    names = resource_names()
+    n = req.gpus_per_container
+    for _, _, spec in _containers(pod):
+        cname = str(spec.get("name", ""))
+        res = spec.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for full in names:
+            if full in requests and full not in limits:
+                problems.append(f"container {cname!r}: {full} is set in requests only; set it in limits "
+                                "(extended resources need requests equal to limits)")
+            elif full in requests and str(requests[full]) != str(limits[full]):
+                problems.append(f"container {cname!r}: {full} request {requests[full]} differs from its limit "
+                                f"{limits[full]}; set them equal")
+    warnings: list[str] = []
+    for c in req.gpu_containers:
+        where = f"container {c.name!r}"
+        if c.count and (c.mem or c.core):
+            problems.append(f"{where}: gpu-count (whole GPUs) cannot be combined with gpu-mem or "
+                            f"gpu-core.percentage; to split a share over N GPUs, label the pod "
+                            f"{LABEL_ACK_MULTI_GPU}=N and ask for gpu-mem only")
+            continue
+        if c.core and not c.mem:
+            problems.append(f"{where}: gpu-core.percentage needs gpu-mem; add a gpu-mem limit")
+        if c.core:
+            why = check_core(c.core, n)
+            if why:
+                problems.append(f"{where}: {why}" + (f" (over {n} GPUs)" if n > 1 else ""))
+        if c.mem:
+            try:
+                mem, _ = per_gpu_share(c, n)
+            except PodRequestError as exc:
+                problems.append(str(exc))
+                mem = 0
+            if largest_gpu_units and mem > largest_gpu_units:
+                per = f" per GPU ({c.mem} over {n} GPUs)" if n > 1 else ""
+                problems.append(f"{where}: asks for {mem} gpu-mem units{per} but the largest GPU in the cluster "
+                                f"has {largest_gpu_units}; ask for at most {largest_gpu_units}"
+                                + ("" if n > 1 else f" or label the pod {LABEL_ACK_MULTI_GPU}=N to split it"))
+            if not largest_gpu_units:
+                warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
+            for env in _env_names(c.name, pod):
+                if env in RESERVED_ENV_EXACT or env.startswith(RESERVED_ENV_PREFIXES):
+                    problems.append(f"{where}: sets env {env}, which the node daemon sets for GPU shares; "
+                                    "remove it from the pod spec")
+    if problems:
+        return Verdict(False, "; ".join(problems))
+    return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
+
+
+def _env_names(container: str, pod: Mapping) -> list[str]:
+    for _, _, spec in _containers(pod):
+        if spec.get("name") == container:
+            return [str(e.get("name", "")) for e in spec.get("env") or [] if isinstance(e, Mapping)]
+    return []
+
+
+def _asks_gpu(spec: Mapping) -> bool:
+    """Any GPU-like extended resource (ours or another vendor's): leave its visible devices alone."""
+    res = spec.get("resources") or {}
+    keys = list((res.get("limits") or {}).keys()) + list((res.get("requests") or {}).keys())
+    return any("gpu" in k.lower() or k.startswith("nvidia.com/") for k in keys)
+
+
+def opted_out(pod: Mapping, namespace_labels: Mapping[str, str] | None = None) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (labels.get(LABEL_VOID_OPT_OUT) == VOID_OPT_OUT_VALUE
+            or (namespace_labels or {}).get(LABEL_VOID_OPT_OUT) == VOID_OPT_OUT_VALUE)
+
+
+def mutate(pod: Mapping, namespace_labels: Mapping[str, str] | None = None) -> list[dict]:
+    """JSON Patch (RFC 6902) setting NVIDIA_VISIBLE_DEVICES=void on containers that ask for no GPU and do not
+    set it themselves; [] when the pod or namespace opts out. Idempotent."""
+    if opted_out(pod, namespace_labels):
+        return []
+    ops: list[dict] = []
+    for field_name, i, spec in _containers(pod):
+        if _asks_gpu(spec):
+            continue
+        env = spec.get("env")
+        if any(isinstance(e, Mapping) and e.get("name") == ENV_NVIDIA_VISIBLE_DEVICES for e in env or []):
+            continue
+        item = {"name": ENV_NVIDIA_VISIBLE_DEVICES, "value": VOID}
+        if env is None:
+            ops.append({"op": "add", "path": f"/spec/{field_name}/{i}/env", "value": [item]})
+        else:
+            ops.append({"op": "add", "path": f"/spec/{field_name}/{i}/env/-", "value": item})
+    return ops

@@ -1,0 +1,190 @@
+"""The scheduler extender's three verbs as plain functions over ClusterState (and, for bind, the apiserver).
+
+filter: which nodes can take the pod, and why the others cannot; prioritize: 0..10 per node by its placement;
+bind: choose the GPUs under the node's lock, assume them, write the choice on the pod, create the Binding,
+and undo the assumption if either write fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
+from devplugin.contract import (
+    ANN_ALIYUN_ASSIGNED,
+    ANN_ALIYUN_ASSUME_TIME,
+    ANN_ALIYUN_MEM_DEV,
+    ANN_ALIYUN_MEM_IDX,
+    ANN_ALIYUN_MEM_POD,
+    ANN_SCHEDULED,
+    PodAssignment,
+)
+from devplugin.scheduler.fit import Fit, NodeView, check_pod, fit, score
+from devplugin.scheduler.state import ClusterState, node_entry
+
+log = logging.getLogger(__name__)
+
+MIN_SCORE, MAX_SCORE = 0, 10
+
+
+class BindError(RuntimeError):
+    """A bind that did not happen; the message says why (it becomes the extender's Error)."""
+
+
+class Cluster(Protocol):
+    """The apiserver writes bind needs (kube side: devplugin.scheduler.cluster.KubeCluster)."""
+
+    def get_pod(self, namespace: str, name: str) -> dict: ...
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+@dataclass
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+def _views(state: ClusterState, pod: PodRequest, names: Sequence[str] | None,
+           nodes: Sequence[Mapping] | None) -> list[tuple[str, NodeView | None]]:
+    """The nodes of the request as views: by name from the state, or from the Node objects given (nodes the
+    watch has not seen, e.g. cluster-autoscaler's templates, are read from the object itself)."""
+    out: list[tuple[str, NodeView | None]] = []
+    if names is not None:
+        for name in names:
+            out.append((name, state.view(name, pod.uid)))
+    for obj in nodes or ():
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        view = state.view(name, pod.uid)
+        out.append((name, view if view is not None else node_entry(obj).view()))
+    return out
+
+
+def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
+                 nodes: Sequence[Mapping] | None = None) -> FilterOutcome:
+    out = FilterOutcome()
+    try:
+        pod = pod_request(pod_obj)
+    except PodRequestError as exc:
+        all_names = list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
+        out.unresolvable = dict.fromkeys(all_names, str(exc))
+        return out
+    views = _views(state, pod, names, nodes)
+    if not pod.gpu_containers:
+        out.passed = [n for n, _ in views]
+        return out
+    state.expire()
+    problem = check_pod(pod)
+    for name, view in views:
+        if view is None:
+            out.failed[name] = "node not seen by the extender yet (its watch is catching up); retry"
+            continue
+        result = fit(pod, view, problem)
+        if result.ok:
+            out.passed.append(name)
+        elif result.unresolvable:
+            out.unresolvable[name] = result.reason
+        else:
+            out.failed[name] = result.reason
+    return out
+
+
+def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
+               nodes: Sequence[Mapping] | None = None) -> list[tuple[str, int]]:
+    """(node, score 0..10) for every node of the request; nodes the pod does not fit score 0."""
+    try:
+        pod = pod_request(pod_obj)
+    except PodRequestError:
+        return [(n, MIN_SCORE) for n in names or ()]
+    problem = check_pod(pod)
+    scores = []
+    for name, view in _views(state, pod, names, nodes):
+        if view is None or not pod.gpu_containers:
+            scores.append((name, MIN_SCORE))
+            continue
+        scores.append((name, score(view, fit(pod, view, problem))))
+    return scores
+
+
+def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: str, node: str) -> PodAssignment:
+    """Place the pod on `node`'s GPUs, write the choice on it, bind it. BindError says why not."""
+    pod_obj = state.pod(namespace, name)
+    if pod_obj is None or (uid and (pod_obj.get("metadata") or {}).get("uid") != uid):
+        try:
+            pod_obj = cluster.get_pod(namespace, name)
+        except Exception as exc:
+            raise BindError(f"reading pod {namespace}/{name} failed: {exc}") from None
+    got_uid = str((pod_obj.get("metadata") or {}).get("uid", ""))
+    if uid and got_uid != uid:
+        raise BindError(f"pod {namespace}/{name} has uid {got_uid}, not {uid}: it was deleted and re-created")
+    try:
+        pod = pod_request(pod_obj)
+    except PodRequestError as exc:
+        raise BindError(f"pod {namespace}/{name}: {exc}") from None
+    if not pod.gpu_containers:
+        _write(cluster, pod, node, None)
+        return PodAssignment(node=node, time_ns=0)
+    state.expire()
+    with state.node_lock(node):
+        view = state.view(node, pod.uid)
+        if view is None:
+            raise BindError(f"node {node} is not known to the extender")
+        placed = fit(pod, view)
+        if not placed.ok:
+            raise BindError(f"pod {pod.key} no longer fits node {node}: {placed.reason}")
+        state.assume(pod, node, placed.containers)
+    assignment = PodAssignment(node=node, time_ns=time.time_ns(), containers=placed.containers)
+    try:
+        _write(cluster, pod, node, bind_annotations(pod, view, placed, assignment))
+    except BindError:
+        state.forget(pod.uid)
+        raise
+    state.confirm_bound(pod.uid)
+    log.info("bound to %s", node, extra={"fields": {"pod": pod.key, "node": node, "gpus": _gpus_text(placed)}})
+    return assignment
+
+
+def _write(cluster: Cluster, pod: PodRequest, node: str, annotations: dict[str, str] | None) -> None:
+    patched = False
+    try:
+        if annotations:
+            cluster.patch_pod_annotations(pod.namespace, pod.name, annotations)
+            patched = True
+        cluster.bind_pod(pod.namespace, pod.name, pod.uid, node)
+    except Exception as exc:
+        step = "creating the Binding" if patched or not annotations else "writing the GPU choice on the pod"
+        if patched:
+            try:  # the choice is void: leave no annotation a node daemon could act on
+                cluster.patch_pod_annotations(pod.namespace, pod.name, dict.fromkeys(annotations or {}))
+            except Exception as undo:  # best effort: the next bind overwrites them anyway
+                log.warning("clearing the GPU choice failed: %s", undo, extra={"fields": {"pod": pod.key}})
+        raise BindError(f"binding pod {pod.key} to {node}: {step} failed: {exc}") from None
+
+
+def bind_annotations(pod: PodRequest, view: NodeView, placed: Fit, assignment: PodAssignment) -> dict[str, str]:
+    """ANN_SCHEDULED plus Alibaba's five annotations (GPU of the first GPU container, the pod's total gpu-mem)."""
+    order = sorted(pod.gpu_containers, key=lambda c: (c.init, c.position))
+    first = next(c for c in order if c.name in placed.containers)
+    share = placed.containers[first.name][0]
+    dev = next((g.mem_total for g in view.gpus if g.index == share.index), 0)
+    return {
+        ANN_SCHEDULED: assignment.render(),
+        ANN_ALIYUN_MEM_IDX: str(share.index),
+        ANN_ALIYUN_MEM_POD: str(sum(c.mem for c in pod.containers if not c.init)),
+        ANN_ALIYUN_MEM_DEV: str(dev),
+        ANN_ALIYUN_ASSIGNED: "false",
+        ANN_ALIYUN_ASSUME_TIME: str(assignment.time_ns),
+    }
+
+
+def _gpus_text(placed: Fit) -> str:
+    return "; ".join(f"{name}: " + ",".join(f"{s.index}" + ("(whole)" if s.whole else f"({s.mem}m/{s.core}c)")
+                                             for s in shares)
+                     for name, shares in placed.containers.items())

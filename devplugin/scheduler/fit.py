@@ -1,0 +1,175 @@
+"""Does a pod fit a node, and on which GPUs: one pure function used by filter, prioritize and bind.
+
+Rules (docs/scheduler.md): the node's mode must serve what the pod asks (gpu-core.percentage only on
+core_mem nodes; gpu-mem and gpu-count everywhere; on core_mem nodes a memory-only container is allowed and
+holds no compute share). Each container's memory and compute go together on one GPU, or on N GPUs (mem/N and
+core/N on each) for a pod that asks for N-way multi-GPU sharing; gpu-count takes GPUs with nothing on them.
+Unhealthy GPUs and GPUs held whole take nothing. Containers are placed largest first (whole GPUs, then shares
+by memory), each on the GPUs the node's placement prefers: binpack the fullest that fits, spread the emptiest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, per_gpu_share
+from devplugin.contract import GpuShare
+from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
+
+MODES_WITH_CORE = ("core_mem",)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What fit needs of a node: mode, placement, memory unit, the room of each GPU."""
+
+    name: str
+    mode: str
+    placement: str
+    unit_mib: int
+    gpus: tuple[GpuRoom, ...]
+    problem: str = ""  # set when the node cannot take GPU pods at all (no inventory, unknown mode)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The outcome: shares per container name when it fits, else the reason; `unresolvable` when freeing room
+    on the node would not help (mode, inventory, malformed request)."""
+
+    containers: dict[str, tuple[GpuShare, ...]] = field(default_factory=dict)
+    reason: str = ""
+    unresolvable: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+def check_pod(pod: PodRequest) -> str:
+    """What is wrong with the pod's GPU asks whatever the node, or ''."""
+    for c in pod.gpu_containers:
+        if c.core and not c.mem:
+            return (f"container {c.name!r} asks for gpu-core.percentage without gpu-mem; add a gpu-mem request")
+        if c.count and (c.mem or c.core):
+            return (f"container {c.name!r} asks for gpu-count together with a share; to split memory over several "
+                    "GPUs label the pod aliyun.com/gpu-count=N and ask for gpu-mem only")
+        if c.mem:
+            try:
+                per_gpu_share(c, pod.gpus_per_container)
+            except PodRequestError as exc:
+                return str(exc)
+    return ""
+
+
+def fit(pod: PodRequest, node: NodeView, pod_problem: str | None = None) -> Fit:
+    """Place every GPU container of `pod` on `node`, or say why not. `pod_problem` is check_pod's answer when
+    the caller already has it (filter checks the pod once for all nodes)."""
+    problem = check_pod(pod) if pod_problem is None else pod_problem
+    if problem:
+        return Fit(reason=problem, unresolvable=True)
+    if node.problem:
+        return Fit(reason=node.problem, unresolvable=True)
+    wanted = pod.gpu_containers
+    if node.mode not in MODES_WITH_CORE and any(c.core for c in wanted):
+        return Fit(reason=f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)",
+                   unresolvable=True)
+    rooms = [g.copy() for g in node.gpus]
+    out: dict[str, tuple[GpuShare, ...]] = {}
+    several = len(wanted) > 1
+    for c in sorted(wanted, key=_largest_first):
+        if c.count:
+            chosen = _whole(rooms, c)
+            if isinstance(chosen, str):
+                return Fit(reason=_prefix(c, several) + chosen)
+        else:
+            chosen = _shares(rooms, c, pod.gpus_per_container, node)
+            if isinstance(chosen, str):
+                return Fit(reason=_prefix(c, several) + chosen)
+        out[c.name] = chosen
+    return Fit(containers=out)
+
+
+def _largest_first(c: ContainerRequest) -> tuple[int, int, int, int]:
+    return (-c.count, -c.mem, -c.core, c.position)
+
+
+def _prefix(c: ContainerRequest, several: bool) -> str:
+    return f"container {c.name!r}: " if several else ""
+
+
+def _whole(rooms: list[GpuRoom], c: ContainerRequest) -> tuple[GpuShare, ...] | str:
+    free = [r for r in rooms if r.healthy and r.untouched]
+    if len(free) < c.count:
+        return (f"{_considered(rooms)}: {len(free)} GPU(s) have nothing on them, {c.count} whole GPU(s) asked"
+                + _excluded(rooms))
+    chosen = []
+    for r in free[: c.count]:
+        share = GpuShare(r.index, r.uuid, r.mem_total, 0, whole=True)
+        r.hold(share)
+        chosen.append(share)
+    return tuple(chosen)
+
+
+def _shares(rooms: list[GpuRoom], c: ContainerRequest, gpus: int, node: NodeView) -> tuple[GpuShare, ...] | str:
+    mem, core = per_gpu_share(c, gpus)  # checked by check_pod
+    usable = [r for r in rooms if r.healthy and not r.whole]
+    fits = [r for r in usable if r.mem_free >= mem and r.core_free >= core]
+    if len(fits) < gpus:
+        return _why_not(rooms, usable, mem, core, gpus, node.unit_mib)
+    if node.placement == "spread":
+        fits.sort(key=lambda r: (-r.mem_free, -r.core_free, r.index))
+    else:
+        fits.sort(key=lambda r: (r.mem_free, r.core_free, r.index))
+    chosen = []
+    for r in fits[:gpus]:
+        share = GpuShare(r.index, r.uuid, mem, core)
+        r.hold(share)
+        chosen.append(share)
+    return tuple(sorted(chosen, key=lambda s: s.index))
+
+
+def _why_not(rooms: Sequence[GpuRoom], usable: Sequence[GpuRoom], mem: int, core: int, gpus: int,
+             unit_mib: int) -> str:
+    where = _considered(rooms)
+    tail = _excluded(rooms)
+    if not usable:
+        return f"{where}: no GPU can take a share{tail}"
+    by_mem = [r for r in usable if r.mem_free >= mem]
+    if gpus > 1:
+        have = len([r for r in by_mem if r.core_free >= core])
+        what = mem_text(mem, unit_mib) + (f" and {core} % compute" if core else "")
+        return f"{where}: {have} GPU(s) have {what} free, {gpus} needed for a {gpus}-GPU share{tail}"
+    if not by_mem:
+        best = max(r.mem_free for r in usable)
+        return f"{where}: at most {mem_text(best, unit_mib)} free on one GPU, {mem_text(mem, unit_mib)} asked{tail}"
+    best_core = max(r.core_free for r in by_mem)
+    return (f"{where}: the GPUs with {mem_text(mem, unit_mib)} free have at most {best_core} % compute free, "
+            f"{core} % asked{tail}")
+
+
+def _considered(rooms: Sequence[GpuRoom]) -> str:
+    return gpu_list(r.index for r in rooms if r.healthy and not r.whole)
+
+
+def _excluded(rooms: Sequence[GpuRoom]) -> str:
+    notes = []
+    sick = [r.index for r in rooms if not r.healthy]
+    whole = [r.index for r in rooms if r.healthy and r.whole]
+    if sick:
+        notes.append(f"{gpu_list(sick)} unhealthy")
+    if whole:
+        notes.append(f"{gpu_list(whole)} held whole")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def score(node: NodeView, placed: Fit) -> int:
+    """0..10: binpack favours the node whose memory is fullest once the pod is on it, spread the emptiest."""
+    total = sum(r.mem_total for r in node.gpus if r.healthy)
+    if not total or not placed.ok:
+        return 0
+    used = sum(r.mem_total if r.whole else min(r.mem_used, r.mem_total) for r in node.gpus if r.healthy)
+    used += sum(s.mem for shares in placed.containers.values() for s in shares)
+    frac = min(used / total, 1.0)
+    value = frac if node.placement != "spread" else 1.0 - frac
+    return int(round(10 * value))

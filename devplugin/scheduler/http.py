@@ -1,0 +1,230 @@
+"""The HTTP layer: Starlette routes that parse bodies with the pydantic models and call the plain functions.
+
+Every body that is not JSON of the expected shape, or is larger than the limit, gets 400 and the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from devplugin.scheduler import admission, extender
+from devplugin.scheduler.extender import BindError, Cluster
+from devplugin.scheduler.models import (
+    AdmissionResponse,
+    AdmissionReview,
+    AdmissionReviewResponse,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    NodeListObject,
+    PodObject,
+    Problem,
+    Status,
+)
+from devplugin.scheduler.openapi import openapi_document
+from devplugin.scheduler.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY = 32 << 20  # a full NodeList from cluster-autoscaler's simulation can be large
+EXTENDER_PREFIX = "/scheduler"
+M = TypeVar("M", bound=BaseModel)
+
+
+class BadRequest(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Service:
+    state: ClusterState
+    cluster: Cluster | None
+    max_body: int = DEFAULT_MAX_BODY
+    namespace_labels: Callable[[str], dict[str, str]] | None = None
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise BadRequest(f"body of {length} bytes exceeds the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body.strip():
+        raise BadRequest("empty body; expected a JSON object")
+    return body
+
+
+def _parse(model: type[M], body: bytes) -> M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5]]
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise BadRequest(f"body is not a valid {model.__name__}: " + "; ".join(parts) + more) from None
+
+
+def _json(model: BaseModel | list, status: int = 200) -> Response:
+    if isinstance(model, list):
+        data = json.dumps([m.model_dump() for m in model])
+    else:
+        data = model.model_dump_json(by_alias=True, exclude_none=True)
+    return Response(data, status_code=status, media_type="application/json")
+
+
+def _handler(svc: Service, fn: Callable[[Service, bytes], Awaitable[Response]]) -> Callable:
+    async def endpoint(request: Request) -> Response:
+        start = time.perf_counter()
+        try:
+            response = await fn(svc, await _body(request, svc.max_body))
+        except BadRequest as exc:
+            log.info("bad request: %s", exc.reason, extra={"fields": {"path": request.url.path}})
+            response = JSONResponse(Problem(error=exc.reason).model_dump(), status_code=400)
+        except Exception as exc:  # a bug must not take the service down; kube-scheduler sees an error
+            log.exception("handler failed", extra={"fields": {"path": request.url.path}})
+            response = JSONResponse(Problem(error=f"internal error: {exc}").model_dump(), status_code=500)
+        log.debug("request", extra={"fields": {"path": request.url.path, "status": response.status_code,
+                                               "ms": round((time.perf_counter() - start) * 1000, 3)}})
+        return response
+
+    return endpoint
+
+
+def _pod_dict(pod: PodObject) -> dict:
+    return pod.model_dump(by_alias=True, exclude_none=True)
+
+
+def _nodes(args: ExtenderArgs) -> list[dict] | None:
+    if args.Nodes is None:
+        return None
+    return [n.model_dump(by_alias=True, exclude_none=True) for n in args.Nodes.items]
+
+
+async def filter_endpoint(svc: Service, body: bytes) -> Response:
+    args = _parse(ExtenderArgs, body)
+    nodes = _nodes(args)
+    out = extender.filter_nodes(svc.state, _pod_dict(args.Pod), args.NodeNames, nodes)
+    result = ExtenderFilterResult(NodeNames=out.passed, FailedNodes=out.failed,
+                                  FailedAndUnresolvableNodes=out.unresolvable)
+    if args.Nodes is not None:
+        keep = set(out.passed)
+        result.Nodes = NodeListObject(items=[n for n in args.Nodes.items if n.metadata.name in keep])
+        if args.NodeNames is None:
+            result.NodeNames = None
+    if out.failed or out.unresolvable:
+        log.debug("filter", extra={"fields": {"pod": f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}",
+                                              "passed": len(out.passed),
+                                              "failed": len(out.failed) + len(out.unresolvable)}})
+    return _json(result)
+
+
+async def prioritize_endpoint(svc: Service, body: bytes) -> Response:
+    args = _parse(ExtenderArgs, body)
+    scores = extender.prioritize(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args))
+    return _json([HostPriority(Host=h, Score=s) for h, s in scores])
+
+
+async def bind_endpoint(svc: Service, body: bytes) -> Response:
+    args = _parse(ExtenderBindingArgs, body)
+    if svc.cluster is None:
+        return _json(ExtenderBindingResult(Error="this service runs without an apiserver; it cannot bind"))
+    try:
+        await run_in_threadpool(extender.bind, svc.state, svc.cluster, args.PodNamespace, args.PodName,
+                                args.PodUID, args.Node)
+    except BindError as exc:
+        log.warning("bind failed: %s", exc, extra={"fields": {"pod": f"{args.PodNamespace}/{args.PodName}",
+                                                               "node": args.Node}})
+        return _json(ExtenderBindingResult(Error=str(exc)))
+    return _json(ExtenderBindingResult())
+
+
+def _review(body: bytes) -> tuple[AdmissionReview, dict | None]:
+    review = _parse(AdmissionReview, body)
+    req = review.request
+    if req.kind.kind not in ("", "Pod") or req.object is None:
+        return review, None
+    try:
+        PodObject.model_validate(req.object)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        raise BadRequest(f"request.object is not a Pod: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    return review, req.object
+
+
+async def validate_endpoint(svc: Service, body: bytes) -> Response:
+    review, pod = _review(body)
+    uid = review.request.uid
+    if pod is None or review.request.operation not in ("CREATE", "UPDATE"):
+        return _json(AdmissionReviewResponse(response=AdmissionResponse(uid=uid, allowed=True)))
+    verdict = admission.validate(pod, svc.state.largest_gpu_units())
+    resp = AdmissionResponse(uid=uid, allowed=verdict.allowed, warnings=list(verdict.warnings) or None)
+    if not verdict.allowed:
+        resp.status = Status(code=403, reason="Forbidden", message=verdict.message)
+        meta = pod.get("metadata") or {}
+        who = f"{review.request.namespace}/{meta.get('name') or meta.get('generateName')}"
+        log.info("pod denied: %s", verdict.message, extra={"fields": {"pod": who}})
+    return _json(AdmissionReviewResponse(response=resp))
+
+
+async def mutate_endpoint(svc: Service, body: bytes) -> Response:
+    review, pod = _review(body)
+    uid = review.request.uid
+    resp = AdmissionResponse(uid=uid, allowed=True)
+    if pod is not None and review.request.operation == "CREATE":
+        ns_labels = svc.namespace_labels(review.request.namespace) if svc.namespace_labels else None
+        ops = admission.mutate(pod, ns_labels)
+        if ops:
+            resp.patch = base64.b64encode(json.dumps(ops).encode()).decode()
+            resp.patchType = "JSONPatch"
+    return _json(AdmissionReviewResponse(response=resp))
+
+
+def build_app(svc: Service) -> Starlette:
+    async def healthz(_: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(_: Request) -> Response:
+        missing = [what for what, ev in (("nodes", svc.state.nodes_synced), ("pods", svc.state.pods_synced))
+                   if not ev.is_set()]
+        if missing:
+            return PlainTextResponse(f"waiting for the first list of {' and '.join(missing)}", status_code=503)
+        return PlainTextResponse("ok")
+
+    doc = openapi_document()
+
+    async def openapi(_: Request) -> Response:
+        return JSONResponse(doc)
+
+    routes = [
+        Route(f"{EXTENDER_PREFIX}/filter", _handler(svc, filter_endpoint), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/prioritize", _handler(svc, prioritize_endpoint), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/bind", _handler(svc, bind_endpoint), methods=["POST"]),
+        Route("/admission/validate", _handler(svc, validate_endpoint), methods=["POST"]),
+        Route("/admission/mutate", _handler(svc, mutate_endpoint), methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,54 @@
+"""The service's OpenAPI 3.1 document, built from the pydantic models (served at /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import models_json_schema
+
+from devplugin.scheduler.models import (
+    AdmissionReview,
+    AdmissionReviewResponse,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    Problem,
+)
+
+_ROUTES: list[tuple[str, type[BaseModel], Any, str]] = [
+    ("/scheduler/filter", ExtenderArgs, ExtenderFilterResult, "scheduler extender: filter nodes"),
+    ("/scheduler/prioritize", ExtenderArgs, list[HostPriority], "scheduler extender: score nodes 0..10"),
+    ("/scheduler/bind", ExtenderBindingArgs, ExtenderBindingResult, "scheduler extender: choose GPUs and bind"),
+    ("/admission/validate", AdmissionReview, AdmissionReviewResponse, "validating admission webhook"),
+    ("/admission/mutate", AdmissionReview, AdmissionReviewResponse, "mutating admission webhook"),
+]
+
+
+def openapi_document() -> dict[str, Any]:
+    models: list[type[BaseModel]] = [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs,
+                                      ExtenderBindingResult, AdmissionReview, AdmissionReviewResponse, Problem]
+    refs, defs = models_json_schema([(m, "validation") for m in models],
+                                    ref_template="#/components/schemas/{model}")
+    paths: dict[str, Any] = {}
+    for path, req, resp, summary in _ROUTES:
+        if resp == list[HostPriority]:
+            resp_schema = TypeAdapter(list[HostPriority]).json_schema(ref_template="#/components/schemas/{model}")
+        else:
+            resp_schema = refs[(resp, "validation")]
+        paths[path] = {"post": {
+            "summary": summary,
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": refs[(req, "validation")]}}},
+            "responses": {
+                "200": {"description": "answer", "content": {"application/json": {"schema": resp_schema}}},
+                "400": {"description": "malformed or oversized body",
+                        "content": {"application/json": {"schema": refs[(Problem, "validation")]}}},
+            },
+        }}
+    for path in ("/healthz", "/readyz"):
+        paths[path] = {"get": {"responses": {"200": {"description": "ok"}, "503": {"description": "not ready"}}}}
+    return {"openapi": "3.1.0", "info": {"title": "devplugin scheduler", "version": "1"}, "paths": paths,
+            "components": {"schemas": defs.get("$defs", {})}}

@@ -1,0 +1,83 @@
+"""Which GPUs a pod holds, read from its annotations (ours first, then ACK's and Alibaba's).
+
+Order: ANN_ALLOCATED (what the node daemon placed), ANN_SCHEDULED (the extender's choice), ACK's
+`scheduler.framework.gpushare.allocation` (+ its core-percentage twin), Alibaba's `ALIYUN_COM_GPU_MEM_IDX`
+with the pod's own gpu-mem and core asks. An unreadable annotation is skipped (logged) for the next source.
+Init containers count only while the pod is Pending: once it runs they are done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from devplugin.allocation.requests import PodRequest
+from devplugin.contract import (
+    ANN_ACK_ALLOCATION,
+    ANN_ACK_CORE_ALLOCATION,
+    ANN_ALIYUN_MEM_IDX,
+    ANN_ALLOCATED,
+    ANN_SCHEDULED,
+    AnnotationError,
+    GpuShare,
+    parse_ack_allocation,
+    parse_assignment,
+)
+
+log = logging.getLogger(__name__)
+
+Holding = Mapping[str, tuple[GpuShare, ...]]  # container name -> its GPU shares
+
+
+def pod_holding(pod: PodRequest) -> tuple[str, Holding] | None:
+    """(source annotation, container -> shares) for a pod, or None when no annotation says where it is."""
+    ann = pod.annotations
+    for key in (ANN_ALLOCATED, ANN_SCHEDULED):
+        if key in ann:
+            try:
+                held = parse_assignment(ann[key], key).containers
+            except AnnotationError as exc:
+                log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
+                continue
+            return key, _running_only(pod, held)
+    if ANN_ACK_ALLOCATION in ann:
+        try:
+            return ANN_ACK_ALLOCATION, _running_only(pod, _ack_holding(pod))
+        except AnnotationError as exc:
+            log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
+    if ANN_ALIYUN_MEM_IDX in ann:
+        try:
+            index = int(ann[ANN_ALIYUN_MEM_IDX])
+        except ValueError:
+            log.warning("annotation %s=%r is not a GPU index; ignoring it", ANN_ALIYUN_MEM_IDX,
+                        ann[ANN_ALIYUN_MEM_IDX], extra={"fields": {"pod": pod.key}})
+            return None
+        if index < 0:
+            return None
+        held = {c.name: (GpuShare(index, "", c.mem, c.core),) for c in pod.containers if c.mem or c.core}
+        return ANN_ALIYUN_MEM_IDX, _running_only(pod, held)
+    return None
+
+
+def _ack_holding(pod: PodRequest) -> dict[str, tuple[GpuShare, ...]]:
+    mem = parse_ack_allocation(pod.annotations[ANN_ACK_ALLOCATION], ANN_ACK_ALLOCATION)
+    core: dict[int, dict[int, int]] = {}
+    if ANN_ACK_CORE_ALLOCATION in pod.annotations:
+        core = parse_ack_allocation(pod.annotations[ANN_ACK_CORE_ALLOCATION], ANN_ACK_CORE_ALLOCATION)
+    by_index = {c.app_index: c.name for c in pod.containers if not c.init}
+    held: dict[str, tuple[GpuShare, ...]] = {}
+    for app_index in sorted(set(mem) | set(core)):
+        name = by_index.get(app_index)
+        if name is None:
+            continue
+        gpus = sorted(set(mem.get(app_index, {})) | set(core.get(app_index, {})))
+        held[name] = tuple(GpuShare(g, "", mem.get(app_index, {}).get(g, 0), core.get(app_index, {}).get(g, 0))
+                           for g in gpus)
+    return held
+
+
+def _running_only(pod: PodRequest, held: Holding) -> Holding:
+    if pod.phase == "Pending":
+        return held
+    init = {c.name for c in pod.containers if c.init}
+    return {name: shares for name, shares in held.items() if name not in init} if init else held

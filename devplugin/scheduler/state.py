@@ -1,0 +1,283 @@
+"""The extender's view of the cluster: nodes (inventory, usage, labels), the GPUs each pod holds, and the
+extender's own assumptions (bound by it but not yet seen bound in the watch).
+
+Fed by the informers (or directly by tests); rebuilt from the apiserver alone on restart, since every fact
+here is an annotation or a label. Thread-safe: one lock guards the maps (short sections); `node_lock(name)`
+serialises bind decisions per node so different nodes proceed in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
+from devplugin.contract import (
+    ANN_NODE_GPUS,
+    ANN_NODE_USAGE,
+    LABEL_PLACEMENT,
+    MODES,
+    PLACEMENTS,
+    AnnotationError,
+    NodeInventory,
+    NodeUsage,
+    parse_inventory,
+    parse_usage,
+)
+from devplugin.kube.labels import mode_from_labels
+from devplugin.scheduler.fit import NodeView
+from devplugin.scheduler.placements import Holding, pod_holding
+from devplugin.scheduler.room import GpuRoom, node_room
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ASSUME_TTL_S = 60.0
+
+
+@dataclass
+class Held:
+    """The GPUs one pod holds on one node; `assumed` until the watch shows the pod bound."""
+
+    uid: str
+    key: str
+    node: str
+    shares: Holding
+    source: str
+    assumed: bool = False
+    expires: float = 0.0  # clock time after which an unbound assumption is dropped
+    bound: bool = False  # the Binding was created (by us); the watch has not shown it yet
+
+
+@dataclass
+class NodeEntry:
+    name: str
+    mode: str = ""
+    placement: str = "binpack"
+    unit_mib: int = 1024
+    inventory: NodeInventory | None = None
+    usage: NodeUsage | None = None
+    problem: str = ""
+    held: dict[str, Held] = field(default_factory=dict)
+    rooms: tuple[GpuRoom, ...] | None = None  # cache, None when stale
+
+    def view(self, without: str = "") -> NodeView:
+        if self.inventory is None:
+            rooms: tuple[GpuRoom, ...] = ()
+        elif without and without in self.held:
+            rooms = node_room(self.inventory, (h.shares for u, h in self.held.items() if u != without), self.usage)
+        else:
+            if self.rooms is None:
+                self.rooms = node_room(self.inventory, (h.shares for h in self.held.values()), self.usage)
+            rooms = self.rooms
+        return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
+
+
+def node_entry(obj: Mapping) -> NodeEntry:
+    """A node (apiserver JSON) as the extender sees it; `problem` says why it cannot take GPU pods."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    labels = meta.get("labels") or {}
+    ann = meta.get("annotations") or {}
+    entry = NodeEntry(name)
+    raw = ann.get(ANN_NODE_GPUS)
+    if raw is None:
+        entry.problem = (f"node publishes no GPU inventory (annotation {ANN_NODE_GPUS}); run the devplugin node "
+                         "daemon on it, or keep GPU pods off it")
+        return entry
+    try:
+        inv = parse_inventory(raw)
+    except AnnotationError as exc:
+        entry.problem = f"{exc}; the node daemon must republish it"
+        return entry
+    label_mode = mode_from_labels(dict(labels))
+    # The daemon serves what it published; a label that turns compute shares off wins at once.
+    entry.mode = inv.mode if inv.mode != "core_mem" or not label_mode else label_mode
+    placement = labels.get(LABEL_PLACEMENT, inv.placement)
+    entry.placement = placement if placement in PLACEMENTS else "binpack"
+    entry.unit_mib = inv.mem_unit_mib
+    entry.inventory = inv
+    if entry.mode not in MODES:
+        entry.problem = f"node mode {entry.mode!r} is not one of {', '.join(MODES)}"
+    raw_usage = ann.get(ANN_NODE_USAGE)
+    if raw_usage is not None:
+        try:
+            entry.usage = parse_usage(raw_usage)
+        except AnnotationError as exc:
+            log.warning("%s; counting pods' annotations only", exc, extra={"fields": {"node": name}})
+    return entry
+
+
+class ClusterState:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 assume_ttl_s: float = DEFAULT_ASSUME_TTL_S) -> None:
+        self.clock = clock
+        self.assume_ttl_s = assume_ttl_s
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeEntry] = {}
+        self._held: dict[str, Held] = {}  # uid -> where
+        self._pods: dict[str, dict] = {}  # "ns/name" -> pod JSON, GPU pods only
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._largest = 0
+        self.nodes_synced = threading.Event()
+        self.pods_synced = threading.Event()
+
+    # ------------------------------------------------------------------ nodes
+    def upsert_node(self, obj: Mapping) -> None:
+        entry = node_entry(obj)
+        if not entry.name:
+            return
+        with self._lock:
+            old = self._nodes.get(entry.name)
+            if old is not None:
+                entry.held = old.held
+            self._nodes[entry.name] = entry
+            self._largest = 0
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            entry = self._nodes.pop(name, None)
+            if entry is not None:
+                for uid in entry.held:
+                    self._held.pop(uid, None)
+            self._largest = 0
+
+    def replace_nodes(self, items: Iterable[Mapping]) -> None:
+        """A full list (start, or after the watch expired): nodes not in it are gone."""
+        seen = set()
+        for obj in items:
+            self.upsert_node(obj)
+            seen.add(str((obj.get("metadata") or {}).get("name", "")))
+        with self._lock:
+            for name in [n for n in self._nodes if n not in seen]:
+                self.delete_node(name)
+        self.nodes_synced.set()
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return list(self._nodes)
+
+    def view(self, name: str, without: str = "") -> NodeView | None:
+        with self._lock:
+            entry = self._nodes.get(name)
+            return entry.view(without) if entry is not None else None
+
+    def largest_gpu_units(self) -> int:
+        """The largest healthy GPU in the cluster, in gpu-mem units (0 when no node publishes an inventory)."""
+        with self._lock:
+            if not self._largest:
+                self._largest = max((g.mem_units for e in self._nodes.values() if e.inventory
+                                     for g in e.inventory.gpus), default=0)
+            return self._largest
+
+    def node_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._node_locks.setdefault(name, threading.Lock())
+
+    # ------------------------------------------------------------------ pods
+    def upsert_pod(self, obj: Mapping) -> None:
+        try:
+            pod = pod_request(obj)
+        except PodRequestError as exc:
+            log.debug("pod skipped: %s", exc)
+            return
+        held = pod_holding(pod) if pod.node_name and not pod.finished else None
+        with self._lock:
+            if pod.gpu_containers and not pod.finished:
+                self._pods[pod.key] = dict(obj)
+            else:
+                self._pods.pop(pod.key, None)
+            old = self._held.get(pod.uid)
+            if pod.finished:
+                self._drop(pod.uid)
+            elif held is not None:
+                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1], held[0]))
+            elif old is not None and pod.node_name and not old.assumed:
+                self._drop(pod.uid)  # its annotations are gone
+            elif old is not None and old.assumed and pod.node_name:
+                old.assumed, old.bound = False, True  # bound, placed without readable annotations: keep ours
+
+    def delete_pod(self, obj: Mapping) -> None:
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            self._pods.pop(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}", None)
+            self._drop(str(meta.get("uid", "")))
+
+    def replace_pods(self, items: Iterable[Mapping]) -> None:
+        """A full list: pods not in it are gone (assumptions in flight stay until they expire)."""
+        items = list(items)
+        uids = {str((o.get("metadata") or {}).get("uid", "")) for o in items}
+        with self._lock:
+            for uid in [u for u, h in self._held.items() if u not in uids and not h.assumed]:
+                self._drop(uid)
+            self._pods.clear()
+        for obj in items:
+            self.upsert_pod(obj)
+        self.pods_synced.set()
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            return self._pods.get(f"{namespace}/{name}")
+
+    def held(self, uid: str) -> Held | None:
+        with self._lock:
+            return self._held.get(uid)
+
+    def pods_on(self, node: str) -> list[Held]:
+        with self._lock:
+            entry = self._nodes.get(node)
+            return list(entry.held.values()) if entry else []
+
+    # ------------------------------------------------------------------ assumptions
+    def assume(self, pod: PodRequest, node: str, shares: Holding) -> Held:
+        held = Held(pod.uid, pod.key, node, shares, "assumed", assumed=True,
+                    expires=self.clock() + self.assume_ttl_s)
+        with self._lock:
+            self._keep(held)
+        return held
+
+    def confirm_bound(self, uid: str) -> None:
+        """Our Binding succeeded: the assumption no longer expires (the watch will replace it)."""
+        with self._lock:
+            held = self._held.get(uid)
+            if held is not None and held.assumed:
+                held.bound = True
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            held = self._held.get(uid)
+            if held is not None and held.assumed:
+                self._drop(uid)
+
+    def expire(self) -> list[Held]:
+        """Drop assumptions whose pod was not bound in time; returns them."""
+        now = self.clock()
+        with self._lock:
+            gone = [h for h in self._held.values() if h.assumed and not h.bound and h.expires <= now]
+            for h in gone:
+                self._drop(h.uid)
+        for h in gone:
+            log.warning("assumption expired: pod not bound in %.0f s; its room on %s is free again",
+                        self.assume_ttl_s, h.node, extra={"fields": {"pod": h.key, "node": h.node}})
+        return gone
+
+    # ------------------------------------------------------------------ internals (lock held)
+    def _keep(self, held: Held) -> None:
+        self._drop(held.uid)
+        self._held[held.uid] = held
+        entry = self._nodes.get(held.node)
+        if entry is None:
+            entry = self._nodes[held.node] = NodeEntry(held.node, problem="node not seen yet")
+        entry.held[held.uid] = held
+        entry.rooms = None
+
+    def _drop(self, uid: str) -> None:
+        held = self._held.pop(uid, None)
+        if held is None:
+            return
+        entry = self._nodes.get(held.node)
+        if entry is not None:
+            entry.held.pop(uid, None)
+            entry.rooms = None
