@@ -107,10 +107,10 @@ def test_error_codes() -> None:
 
 
 def test_errors_change_nothing(k: MiniKubelet) -> None:
-    before = {kind: k.allocator.ledger.free(kind, uid(k, 0)) for kind in (MEM, CORE)}
+    before = {kind: k.allocator.holdings.free(kind, uid(k, 0)) for kind in (MEM, CORE)}
     with pytest.raises(RequestError):
         k.allocator.allocate(MEM, [encode_id(uid(k, 0), MEM, 0), encode_id(uid(k, 1), MEM, 0)])
-    assert {kind: k.allocator.ledger.free(kind, uid(k, 0)) for kind in (MEM, CORE)} == before
+    assert {kind: k.allocator.holdings.free(kind, uid(k, 0)) for kind in (MEM, CORE)} == before
 
 
 def test_a_refused_container_does_not_capture_the_next_one(k: MiniKubelet) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from devplugin import contract
 from devplugin.allocation.allocator import MountSpec
-from devplugin.isolation.shim_files import ShimPaths, cleanup, prepare_container
+from devplugin.isolation.shim_files import Owner, ShimPaths, cleanup, prepare_container
 from tests.shim_probe import GiB, make_node, run
 
 UUID_A = "GPU-0b6a1c2d-1111-2222-3333-444455556666"
@@ -69,7 +69,7 @@ def test_the_preload_file_is_written_once(paths):
     assert preload.stat().st_ino == before
 
 
-@pytest.mark.parametrize("alloc_id", ["", "../etc", "a/b", "Pod-1", "a b", "a" * 64, ".", "..", "c1\n"])
+@pytest.mark.parametrize("alloc_id", ["", "../etc", "a/b", "Pod-1", "a b", "a" * 81, ".", "..", "c1\n", "-x"])
 def test_alloc_ids_that_are_not_plain_names_are_refused(paths, alloc_id):
     with pytest.raises(ValueError, match="alloc_id"):
         prepare_container(paths, alloc_id, limits((UUID_A, GiB, 100)))
@@ -81,15 +81,33 @@ def test_limits_the_format_cannot_hold_are_refused(paths):
         prepare_container(paths, "c1", limits((UUID_A, GiB, 0)))
 
 
-def test_cleanup_removes_the_files_of_containers_that_are_gone(paths):
+def test_cleanup_removes_the_files_of_containers_whose_devices_are_no_longer_held(paths):
     for alloc_id in ("live-1", "gone-1", "gone-2"):
-        prepare_container(paths, alloc_id, limits((UUID_A, GiB, 100)))
+        prepare_container(paths, alloc_id, limits((UUID_A, GiB, 100)),
+                          owner=Owner(devices=(f"{UUID_A}::m{alloc_id[-1]}-{alloc_id}",)))
     stray = paths.host_root / "containers" / "Not-An-Id"
     stray.mkdir()
-    assert cleanup(paths, {"live-1"}) == ["gone-1", "gone-2"]
+    live = {f"{UUID_A}::m1-live-1", f"{UUID_A}::c9"}
+    assert cleanup(paths, live) == ["gone-1", "gone-2"]
     assert sorted(p.name for p in (paths.host_root / "containers").iterdir()) == ["Not-An-Id", "live-1"]
-    assert cleanup(paths, {"live-1"}) == []
+    assert cleanup(paths, live) == []
     assert (paths.host_root / "ld.so.preload").exists()
+
+
+def test_a_new_container_never_inherits_an_earlier_ones_files(paths):
+    """The same directory name again (a container admitted anew): limits and usage cache start fresh."""
+    prepare_container(paths, "uid1-main", limits((UUID_A, GiB, 30)), owner=Owner(devices=("x",)))
+    state = paths.host_root / "containers" / "uid1-main" / "state"
+    (state / "usage.cache").write_text("old usage")
+    prepare_container(paths, "uid1-main", limits((UUID_A, 2 * GiB, 100)), owner=Owner(devices=("y",)), fresh=True)
+    assert not (state / "usage.cache").exists()
+    text = (paths.host_root / "containers" / "uid1-main" / "limits").read_text()
+    assert contract.parse_limits(text) == limits((UUID_A, 2 * GiB, 100))
+
+
+def test_containers_directory_is_root_only(paths):
+    prepare_container(paths, "c1", limits((UUID_A, GiB, 100)))
+    assert (paths.host_root / "containers").stat().st_mode & 0o777 == 0o700
 
 
 def test_cleanup_before_any_container_is_a_no_op(paths):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from devplugin import contract as c
+from devplugin.allocation.decision import Decision
 from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind, MiB
 
@@ -25,4 +26,29 @@ def container_envs(node: Node, kind: Kind, uuids: tuple[str, ...], amount: int) 
             envs[f"{c.ENV_MEMORY_LIMIT}_0"] = f"{amount * node.unit.bytes // MiB}m"
     elif kind is Kind.CORE and node.isolates_compute():
         envs[c.ENV_SM_LIMIT] = str(amount)
+    return envs
+
+
+def decision_envs(node: Node, decision: Decision) -> dict[str, str]:
+    """Every env of a container whose whole request is known: the same answer for each of its resources, so the
+    kubelet's first-wins merge can never see two values for one key. Multi-GPU shares get one memory limit per
+    device (HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_<i>)."""
+    gpus = [node.by_uuid[u] for u in decision.gpus]
+    envs = {
+        c.ENV_NVIDIA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus),
+        c.ENV_ALIYUN_MEM_IDX: ",".join(str(g.index) for g in gpus),
+    }
+    if Kind.COUNT in decision.request:
+        return envs
+    envs[c.ENV_ALIYUN_MEM_DEV] = str(node.units(gpus[0].uuid, Kind.MEM))
+    envs[c.ENV_ALIYUN_MEM_UNIT] = node.unit.name
+    mem = decision.per_gpu.get(Kind.MEM, 0)
+    if Kind.MEM in decision.request:
+        envs[c.ENV_ALIYUN_MEM_CONTAINER] = str(decision.request[Kind.MEM])
+        if node.isolates_memory():
+            for i in range(len(gpus)):
+                envs[f"{c.ENV_MEMORY_LIMIT}_{i}"] = f"{mem * node.unit.bytes // MiB}m"
+    core = decision.per_gpu.get(Kind.CORE, 0)
+    if core and node.isolates_compute():
+        envs[c.ENV_SM_LIMIT] = str(core)
     return envs

@@ -8,39 +8,20 @@ call is refused, or after `window_s` without calls.
 
 When the kubelet rejects a container by itself after its first resource (too few devices of the second), the
 next container's first call may join the stale decision; its second call then finds the stale devices back in
-`available` and takes their place (forget_rolled_back). Containers that ask for only one of the two on a
-core_mem node (against the node's rule) can be mis-paired with the next container; pod lookup resolves that.
+`available` and takes their place (forget_rolled_back). This is the fallback when the pod cache cannot
+name the container (no apiserver): containers that ask for only one of the two on a core_mem node can then be
+mis-paired with the next container.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
+from devplugin.allocation.decision import Decision
 from devplugin.allocation.units import Kind
 
 SHARED = (Kind.MEM, Kind.CORE)
-
-
-@dataclass
-class Decision:
-    """Where one container's resources go and what it got so far."""
-
-    gpus: tuple[str, ...]
-    preferred: dict[Kind, list[str]] = field(default_factory=dict)
-    allocated: dict[Kind, list[str]] = field(default_factory=dict)
-    touched: float = 0.0
-    alloc_id: str = ""
-
-    def amount(self, kind: Kind) -> int:
-        return len(self.allocated.get(kind, ()))
-
-
-def allocation_id(ids: list[str]) -> str:
-    """A stable short name for a container's allocation, derived from device IDs it holds."""
-    return hashlib.sha256(",".join(sorted(ids)).encode()).hexdigest()[:20]
 
 
 class PairingBook:
@@ -91,7 +72,11 @@ class PairingBook:
         self._open = None
 
     def open(self, gpus: tuple[str, ...]) -> Decision:
-        dec = Decision(gpus=gpus, touched=time.monotonic())
+        return self.adopt(Decision(gpus=gpus, touched=time.monotonic()))
+
+    def adopt(self, dec: Decision) -> Decision:
+        """Make `dec` the open decision."""
+        dec.touched = time.monotonic()
         self._open = dec
         return dec
 
@@ -99,7 +84,5 @@ class PairingBook:
         """Record an Allocate. A complete decision stays open until the next call: if the kubelet rejected the
         previous container by itself, that call shows its devices back in `available` (forget_rolled_back)."""
         dec.allocated[kind] = ids
-        if not dec.alloc_id:
-            dec.alloc_id = allocation_id(ids)
         if kind is Kind.COUNT and self._open is dec:
             self._open = None

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from devplugin import contract
 from devplugin.allocation.allocator import MountProvider, MountSpec
+from devplugin.allocation.decision import Decision
 from devplugin.allocation.node import Node
-from devplugin.allocation.pairing import Decision, allocation_id
 from devplugin.allocation.units import Kind
-from devplugin.isolation.shim_files import ShimPaths, cleanup, prepare_container
+from devplugin.isolation.shim_files import Owner, ShimPaths, cleanup, prepare_container
 from devplugin.kube.podresources import containers_devices
 
 log = logging.getLogger(__name__)
@@ -25,27 +25,39 @@ MIN_AGE_S = 600.0  # a directory younger than this may belong to a container sti
 
 
 def limits_for(decision: Decision, node: Node) -> contract.Limits:
-    """What the shim enforces for this container: memory cap (cgpu, core_mem) and compute share (core_mem)."""
-    uuid = decision.gpus[0]
-    memory = decision.amount(Kind.MEM) * node.unit.bytes if node.isolates_memory() else 0
-    share = decision.amount(Kind.CORE) if node.isolates_compute() and decision.amount(Kind.CORE) else 100
-    return contract.Limits(devices=(contract.DeviceLimit(uuid=uuid, memory_limit=memory, sm_limit=share),))
+    """What the shim enforces for this container on each of its GPUs: memory cap (cgpu, core_mem) and compute
+    share (core_mem)."""
+    if decision.known:
+        mem, core = decision.per_gpu.get(Kind.MEM, 0), decision.per_gpu.get(Kind.CORE, 0)
+    else:
+        mem, core = decision.amount(Kind.MEM), decision.amount(Kind.CORE)
+    memory = mem * node.unit.bytes if node.isolates_memory() else 0
+    share = core if node.isolates_compute() and core else 100
+    return contract.Limits(devices=tuple(contract.DeviceLimit(uuid=uuid, memory_limit=memory, sm_limit=share)
+                                         for uuid in decision.gpus))
 
 
 def shim_provider(paths: ShimPaths) -> MountProvider:
-    """A MountProvider for Allocator: writes the container's limits file and returns the shim's mounts."""
+    """A MountProvider for Allocator: writes the container's limits file and returns the shim's mounts. The first
+    Allocate of a container starts from a fresh directory; later ones (its other resource) add to it."""
 
-    def provide(decision: Decision, node: Node) -> Sequence[MountSpec]:
+    def provide(decision: Decision, node: Node, ids: Sequence[str]) -> Sequence[MountSpec]:
         if node.mode == "share":  # no isolation: the application limits itself from its env
             return ()
-        return prepare_container(paths, decision.alloc_id, limits_for(decision, node))
+        held = [i for done in decision.allocated.values() for i in done]
+        first = not decision.allocated or (not decision.known and len(decision.allocated) == 1)
+        owner = Owner(devices=tuple(dict.fromkeys([*held, *ids])), pod_uid=decision.key.pod_uid if decision.key
+                      else "", namespace=decision.key.namespace if decision.key else "",
+                      pod=decision.key.pod if decision.key else "",
+                      container=decision.key.container if decision.key else "")
+        return prepare_container(paths, decision.dir_name, limits_for(decision, node), owner=owner, fresh=first)
 
     return provide
 
 
-def live_allocation_ids(containers: list[dict[str, list[str]]]) -> set[str]:
-    """Every allocation id a live container may own: one candidate per resource it holds."""
-    return {allocation_id(ids) for container in containers for ids in container.values() if ids}
+def live_devices(containers: list[dict[str, list[str]]]) -> set[str]:
+    """Every device ID some live container holds."""
+    return {i for container in containers for ids in container.values() for i in ids}
 
 
 class Janitor:
@@ -65,7 +77,7 @@ class Janitor:
         containers = containers_devices(self.socket, self.resources)
         if containers is None:
             return []  # never delete when the kubelet cannot say what is live
-        removed = cleanup(self.paths, live_allocation_ids(containers), self.min_age_s)
+        removed = cleanup(self.paths, live_devices(containers), self.min_age_s)
         if removed:
             log.info("removed shim files of %d ended containers", len(removed),
                      extra={"fields": {"removed": ",".join(removed)}})

@@ -1,20 +1,25 @@
 """Delivering the isolation shim to a container: the host files the daemon writes and the mounts Allocate returns.
 
-Per container (alloc_id), under `<host_root>/containers/<alloc_id>/`:
+Per container, under `<host_root>/containers/<name>/` (name: `<pod UID>-<container name>`, or `anon-<random>`
+when the daemon could not name the container; a new container always starts from a fresh directory):
     limits   the read-only limits file (contract.render_limits), replaced atomically
+    owner    JSON: the pod and container, and the device IDs they hold (the janitor matches it to PodResources)
     state/   the container's accounting directory (the shim's shared usage file lives here)
 and once per node `<host_root>/ld.so.preload`, naming the library's path inside the container.
+`<host_root>/containers` is root-only (0700): a host user cannot reach a container's files; the container reaches
+only its own, through its mounts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from devplugin import contract
@@ -22,11 +27,25 @@ from devplugin.allocation.allocator import MountSpec
 
 log = logging.getLogger(__name__)
 
-ALLOC_ID = re.compile(r"[a-z0-9-]{1,63}")
+ALLOC_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,79}")
 CONTAINERS = "containers"
 LIMITS = "limits"
 STATE = "state"
 PRELOAD = "ld.so.preload"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a container directory belongs to."""
+
+    devices: tuple[str, ...] = ()
+    pod_uid: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+OWNER = "owner"
 
 
 @dataclass(frozen=True)
@@ -38,10 +57,11 @@ class ShimPaths:
 
 
 def check_alloc_id(alloc_id: str) -> str:
-    """Return alloc_id if it is 1..63 of [a-z0-9-]; else ValueError (it names a host directory)."""
+    """Return alloc_id if it is 1..80 of [a-z0-9-], not starting with '-'; else ValueError (it names a host
+    directory)."""
     if not isinstance(alloc_id, str) or not ALLOC_ID.fullmatch(alloc_id):
         raise ValueError(
-            f"alloc_id {alloc_id!r} is not 1..63 characters of a-z, 0-9 and '-'; "
+            f"alloc_id {alloc_id!r} is not 1..80 characters of a-z, 0-9 and '-'; "
             "it names a directory on the host, so nothing else is accepted"
         )
     return alloc_id
@@ -105,14 +125,28 @@ def _write_preload(paths: ShimPaths) -> Path:
     return preload
 
 
-def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits) -> list[MountSpec]:
+def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, owner: Owner | None = None,
+                      fresh: bool = False) -> list[MountSpec]:
     """Write the container's limits file and accounting directory; return the mounts that deliver the shim.
 
-    Calling it again for the same alloc_id merges the limits into the file (see merge_limits) and returns the
-    same mounts. ValueError for a bad alloc_id or limits the file format cannot hold.
+    `fresh`: the container's first Allocate: whatever an earlier container left under this name is removed
+    first. Calling it again for the same alloc_id merges the limits into the file (see merge_limits) and returns
+    the same mounts. ValueError for a bad alloc_id or limits the file format cannot hold; OSError when the host
+    directory cannot be written.
     """
+    contract.render_limits(limits)  # refuse what the file cannot hold before touching the disk
     cdir = container_dir(paths, alloc_id)
-    cdir.mkdir(parents=True, exist_ok=True)
+    root = cdir.parent
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    if fresh and (cdir.exists() or cdir.is_symlink()):
+        if cdir.is_symlink() or not cdir.is_dir():
+            cdir.unlink()
+        else:
+            shutil.rmtree(cdir)
+    cdir.mkdir(exist_ok=True)
+    if owner is not None:
+        _write_atomically(cdir / OWNER, json.dumps(asdict(owner)), 0o444)
     state = cdir / STATE
     state.mkdir(exist_ok=True)
     os.chmod(state, 0o777)  # the container's processes may run as any user
@@ -131,10 +165,17 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits) 
     ]
 
 
-def cleanup(paths: ShimPaths, live_alloc_ids: set[str], min_age_s: float = 0.0) -> list[str]:
-    """Remove the directories of containers not in live_alloc_ids; return their alloc_ids, sorted.
-    Entries that are not alloc_id directories, and directories changed less than min_age_s ago (a container
-    still starting may not be listed yet), are left alone."""
+def _owner_devices(cdir: Path) -> set[str] | None:
+    try:
+        return set(json.loads((cdir / OWNER).read_text()).get("devices") or ())
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def cleanup(paths: ShimPaths, live_devices: set[str], min_age_s: float = 0.0) -> list[str]:
+    """Remove the directories of containers that hold none of `live_devices` (every device ID the kubelet lists
+    as held); return their names, sorted. Entries that are not container directories, and directories changed
+    less than min_age_s ago (a container still starting may not be listed yet), are left alone."""
     root = Path(paths.host_root) / CONTAINERS
     removed = []
     try:
@@ -143,13 +184,16 @@ def cleanup(paths: ShimPaths, live_alloc_ids: set[str], min_age_s: float = 0.0) 
         return []
     young = time.time() - min_age_s
     for entry in entries:
-        if not ALLOC_ID.fullmatch(entry.name) or entry.name in live_alloc_ids or not entry.is_dir():
+        if not ALLOC_ID.fullmatch(entry.name) or not (entry.is_dir() or entry.is_symlink()):
             continue
         if min_age_s and entry.lstat().st_mtime > young:
             continue
         if entry.is_symlink():
             entry.unlink()
         else:
+            devices = _owner_devices(entry)
+            if devices and devices & live_devices:
+                continue
             shutil.rmtree(entry)
         removed.append(entry.name)
         log.info("removed the shim files of ended container %s", entry.name)

@@ -1,0 +1,114 @@
+"""Place a whole container at once: the GPU(s) that hold all of its gpu-mem, gpu-core.percentage or gpu-count.
+
+A scheduler's choice is honoured when the chosen GPUs have room; otherwise the node's policy (binpack: the fullest
+GPUs that fit; spread: the emptiest) decides and the caller reports the override. Pure: room comes from the node
+view (holdings) and, for the resource being called, from the kubelet's own `available` IDs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from devplugin.allocation.choice import Choice
+from devplugin.allocation.errors import NoRoom
+from devplugin.allocation.holdings import Holdings
+from devplugin.allocation.node import Node
+from devplugin.allocation.placement import pick_whole_gpus
+from devplugin.allocation.units import Kind
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a container needs on each of its GPUs."""
+
+    per_gpu: Mapping[Kind, int]  # gpu-mem and gpu-core.percentage units on each GPU (shared containers)
+    gpus: int = 1
+    whole: bool = False  # gpu-count: whole GPUs, nothing else on them
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus: tuple[str, ...]
+    source: str  # the annotation honoured, or the policy
+    override: str = ""  # why a scheduler's choice was not honoured ("" when it was, or there was none)
+
+
+class Room:
+    """Free units per (resource, GPU): the kubelet's `available` for the resource being called, the node view for
+    the others; GPUs that are unhealthy, or held in the other way (whole vs shared), have none."""
+
+    def __init__(self, node: Node, holdings: Holdings, healthy: Callable[[str], bool],
+                 called: Kind | None = None, available: Mapping[str, set[str]] | None = None) -> None:
+        self.node = node
+        self.holdings = holdings
+        self.healthy = healthy
+        self.called = called
+        self.available = available
+
+    def free(self, kind: Kind, uuid: str) -> int:
+        if kind is self.called and self.available is not None:
+            return len(self.available.get(uuid, ()))
+        return self.holdings.free(kind, uuid)
+
+    def fits(self, uuid: str, need: Need) -> bool:
+        if not self.healthy(uuid) or self.holdings.whole(uuid):
+            return False
+        if need.whole:
+            return not self.holdings.shared(uuid) and self.free(Kind.COUNT, uuid) > 0
+        return all(self.free(kind, uuid) >= n for kind, n in need.per_gpu.items() if n)
+
+    def describe(self, uuid: str) -> str:
+        gpu = self.node.by_uuid[uuid]
+        if not self.healthy(uuid):
+            return f"GPU {gpu.index}: unhealthy"
+        if self.holdings.whole(uuid):
+            return f"GPU {gpu.index}: held whole"
+        parts = [f"{self.free(Kind.MEM, uuid)} {self.node.unit.name} free"]
+        if Kind.CORE in self.node.kinds:
+            parts.append(f"{self.free(Kind.CORE, uuid)} % core free")
+        return f"GPU {gpu.index}: " + ", ".join(parts)
+
+
+def describe_need(node: Node, need: Need) -> str:
+    if need.whole:
+        return f"{need.gpus} whole GPU(s) with no shared containers"
+    parts = []
+    if need.per_gpu.get(Kind.MEM):
+        parts.append(f"{need.per_gpu[Kind.MEM]} {node.unit.name}")
+    if need.per_gpu.get(Kind.CORE):
+        parts.append(f"{need.per_gpu[Kind.CORE]} % core")
+    what = " and ".join(parts) or "a share"
+    return f"{what} on each of {need.gpus} GPUs" if need.gpus > 1 else f"{what} on one GPU"
+
+
+def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
+    """The GPUs for this container; NoRoom naming what was asked and each GPU's room."""
+    node = room.node
+    override = ""
+    if choice is not None:
+        fit = [u for u in choice.gpus if room.fits(u, need)]
+        if len(choice.gpus) == need.gpus and len(fit) == need.gpus:
+            return Placement(choice.gpus, choice.source)
+        bad = [u for u in choice.gpus if u not in fit] or list(choice.gpus)
+        override = (f"the scheduler chose {', '.join(f'GPU {node.by_uuid[u].index} ({u})' for u in choice.gpus)} "
+                    f"({choice.source}) but {room.describe(bad[0])}, and the container needs "
+                    f"{describe_need(node, need)}")
+    fits = [g.uuid for g in node.gpus if room.fits(g.uuid, need)]
+    if len(fits) < need.gpus:
+        detail = "; ".join(room.describe(g.uuid) for g in node.gpus)
+        raise NoRoom(f"no GPU of this node has room for {describe_need(node, need)} ({detail}); "
+                     "lower the request or wait for running pods to end")
+    if need.whole:
+        chosen = pick_whole_gpus(node, fits, [], need.gpus)
+        assert chosen is not None  # enough candidates were checked above
+        gpus = tuple(chosen)
+    else:
+        key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
+        sign = -1 if node.placement == "spread" else 1
+        fits.sort(key=lambda u: (sign * room.free(key_kind, u), node.by_uuid[u].index))
+        gpus = tuple(sorted(fits[: need.gpus], key=lambda u: node.by_uuid[u].index))
+    chosen_txt = ", ".join(f"GPU {node.by_uuid[u].index} ({u})" for u in gpus)
+    if override:
+        override += f"; placed on {chosen_txt} by the node's {node.placement} policy instead"
+    return Placement(gpus, f"{node.placement} policy", override)
