@@ -1,4 +1,5 @@
-"""`devplugin serve` (the node daemon) and `devplugin demo` (the daemon on a simulated node)."""
+"""`devplugin serve` (the node daemon), `devplugin demo` (the daemon on a simulated node), `devplugin scheduler`
+(extender and webhooks) and `devplugin inspect` (who holds which GPU)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,25 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(serve)
     demo = sub.add_parser("demo", help="run the real daemon on a simulated 4 x 15 GiB node and admit example pods")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory for inspection")
+    from devplugin.inspect import cli as inspect_cli
+    from devplugin.scheduler import service as scheduler_service
+
+    scheduler = sub.add_parser(
+        "scheduler", help="run the scheduler extender and admission webhooks (control plane, HTTPS)",
+        description="Serve kube-scheduler's extender verbs under /scheduler and the admission webhooks under "
+        "/admission. Every flag can also be set by DEVPLUGIN_SCHEDULER_<FLAG>.")
+    scheduler_service.add_arguments(scheduler)
+    inspect = sub.add_parser("inspect", help="GPU memory and compute allocated per node and per GPU "
+                             "(also `kubectl inspect gpushare`)")
+    inspect_cli.add_arguments(inspect)
     args = parser.parse_args(argv)
+    if args.command == "scheduler":
+        problem = scheduler_service.check_arguments(args)
+        if problem:
+            parser.exit(2, f"devplugin scheduler: {problem}\n")
+        return scheduler_service.run(args)
+    if args.command == "inspect":
+        return inspect_cli.run(args)
     if args.command == "serve":
         try:
             cfg = from_args(args)

@@ -1,8 +1,8 @@
 """The scheduler extender's three verbs as plain functions over ClusterState (and, for bind, the apiserver).
 
 filter: which nodes can take the pod, and why the others cannot; prioritize: 0..10 per node by its placement;
-bind: choose the GPUs under the node's lock, assume them, write the choice on the pod, create the Binding,
-and undo the assumption if either write fails.
+bind: choose the GPUs under the node's lock, assume them, create the Binding carrying the choice as annotations
+(the apiserver writes them on the pod with spec.nodeName, in one update), and undo the assumption if it fails.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ class Cluster(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict: ...
 
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
-
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """Create the pod's Binding; the apiserver copies the Binding's annotations onto the pod in the same
+        update that sets spec.nodeName, so the choice and the binding land together or not at all."""
+        ...
 
 
 @dataclass
@@ -152,20 +153,10 @@ def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: 
 
 
 def _write(cluster: Cluster, pod: PodRequest, node: str, annotations: dict[str, str] | None) -> None:
-    patched = False
     try:
-        if annotations:
-            cluster.patch_pod_annotations(pod.namespace, pod.name, annotations)
-            patched = True
-        cluster.bind_pod(pod.namespace, pod.name, pod.uid, node)
+        cluster.bind_pod(pod.namespace, pod.name, pod.uid, node, annotations or {})
     except Exception as exc:
-        step = "creating the Binding" if patched or not annotations else "writing the GPU choice on the pod"
-        if patched:
-            try:  # the choice is void: leave no annotation a node daemon could act on
-                cluster.patch_pod_annotations(pod.namespace, pod.name, dict.fromkeys(annotations or {}))
-            except Exception as undo:  # best effort: the next bind overwrites them anyway
-                log.warning("clearing the GPU choice failed: %s", undo, extra={"fields": {"pod": pod.key}})
-        raise BindError(f"binding pod {pod.key} to {node}: {step} failed: {exc}") from None
+        raise BindError(f"binding pod {pod.key} to {node} failed: {exc}") from None
 
 
 def bind_annotations(pod: PodRequest, view: NodeView, placed: Fit, assignment: PodAssignment) -> dict[str, str]:

@@ -37,11 +37,11 @@ from devplugin.scheduler.models import (
     Status,
 )
 from devplugin.scheduler.openapi import openapi_document
+from devplugin.scheduler.service import DEFAULT_MAX_BODY
 from devplugin.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY = 32 << 20  # a full NodeList from cluster-autoscaler's simulation can be large
 EXTENDER_PREFIX = "/scheduler"
 M = TypeVar("M", bound=BaseModel)
 

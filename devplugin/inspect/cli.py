@@ -1,0 +1,58 @@
+"""`devplugin inspect [NODE] [-d] [-o json]`, also installed as `kubectl-inspect-gpushare`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from devplugin.inspect.layout import render_text
+from devplugin.inspect.report import build_report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("node", nargs="?", default="", help="show this node only")
+    p.add_argument("-d", "--details", action="store_true", help="list the pods on each GPU")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
+    p.add_argument("--kubeconfig", default="", help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubernetes import config
+    from kubernetes.client.rest import ApiException
+
+    from devplugin.inspect.read import read_cluster
+
+    try:
+        api = config.new_client_from_config(config_file=args.kubeconfig or None)
+    except Exception as exc:  # missing or broken kubeconfig
+        sys.stderr.write(f"inspect: cannot load a kubeconfig: {exc}\n")
+        return 1
+    try:
+        nodes, pods = read_cluster(api, args.node)
+    except ApiException as exc:
+        if exc.status == 404 and args.node:
+            sys.stderr.write(f"inspect: node {args.node!r} not found\n")
+        else:
+            sys.stderr.write(f"inspect: the apiserver answered {exc.status}: {exc.reason}\n")
+        return 1
+    except Exception as exc:  # connection refused, timeouts
+        sys.stderr.write(f"inspect: cannot reach the apiserver: {exc}\n")
+        return 1
+    report = build_report(nodes, pods, with_pending=not args.node)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(report, args.details))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubectl inspect gpushare",
+                                     description="GPU memory and compute allocated per node and per GPU.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Text layout of the report: one block per node, one row per GPU, so any GPU count fits 80 columns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from devplugin.inspect.report import GpuReport, NodeReport, Report
+
+WIDTH = 80
+
+
+def unit_name(unit_mib: int) -> str:
+    if unit_mib == 1024:
+        return "GiB"
+    if unit_mib == 1:
+        return "MiB"
+    return f"x{unit_mib}MiB"
+
+
+def _pct(used: int, total: int) -> str:
+    return f"{round(100 * used / total)}%" if total else "0%"
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(len(r) for r in rows))]
+    out = []
+    for r in rows:
+        cells = [c.ljust(widths[i]) for i, c in enumerate(r)]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _gpu_row(g: GpuReport) -> list[str]:
+    core = "whole" if g.whole else f"{g.coreAllocated}/{g.coreTotal}"
+    note = "" if g.healthy else "unhealthy"
+    return [str(g.index), f"{g.memAllocated}/{g.memTotal}", core, str(len(g.pods)), note]
+
+
+def node_block(n: NodeReport, details: bool) -> list[str]:
+    head = "  ".join(x for x in (n.name, n.ip, n.mode, n.placement) if x)
+    lines = [_cut(head, WIDTH)]
+    if n.problem:
+        lines.append(_cut(f"  ({n.problem})", WIDTH))
+    unit = unit_name(n.unitMiB)
+    rows: list[list[str]] = [["GPU", f"MEMORY({unit})", "CORE(%)", "PODS", ""]]
+    pod_lines: dict[int, list[str]] = {}
+    for g in n.gpus:
+        rows.append(_gpu_row(g))
+        if details:
+            pod_lines[len(rows) - 1] = [
+                _cut(f"       {p.namespace}/{p.name} ({p.container})  "
+                     + (f"whole GPU  {p.state}" if p.whole else f"{p.mem} {unit}  {p.core} %  {p.state}"), WIDTH)
+                for p in g.pods]
+    rows.append(["all", f"{n.memAllocated}/{n.memTotal} ({_pct(n.memAllocated, n.memTotal)})",
+                 f"{sum(g.coreAllocated for g in n.gpus)}/{sum(g.coreTotal for g in n.gpus)}",
+                 str(sum(len(g.pods) for g in n.gpus)), ""])
+    for i, line in enumerate(_table(rows)):
+        lines.append(line)
+        lines.extend(pod_lines.get(i, []))
+    return lines
+
+
+def render_text(report: Report, details: bool = False) -> str:
+    lines: list[str] = []
+    if not report.nodes:
+        lines.append("No node publishes a GPU inventory (is the devplugin node daemon running?).")
+    for n in report.nodes:
+        lines.extend(node_block(n, details))
+        lines.append("")
+    if report.pending:
+        rows = [["PENDING", "NODE", "MEMORY", "CORE(%)", "GPUS"]]
+        rows += [[f"{p.namespace}/{p.name}", p.node or "-", str(p.mem), str(p.core), str(p.count)]
+                 for p in report.pending]
+        lines.extend(_cut(line, WIDTH) for line in _table(rows, indent=""))
+        lines.append("")
+    lines.append("-" * 60)
+    total, used = report.memTotalMiB / 1024, report.memAllocatedMiB / 1024
+    lines.append(f"Allocated/Total GPU Memory In Cluster: {used:g}/{total:g} GiB "
+                 f"({_pct(report.memAllocatedMiB, report.memTotalMiB)})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,126 @@
+"""The report: nodes, their GPUs with memory and compute allocated / total and the pods on each, the pods
+still waiting for a GPU, and cluster totals. Pure: built from apiserver JSON (nodes and pods), the same
+annotations the scheduler extender reads, so both always agree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+from devplugin.allocation.requests import PodRequestError, pod_request
+from devplugin.contract import ANN_ALLOCATED, CORE_PER_GPU
+from devplugin.scheduler.placements import pod_holding
+from devplugin.scheduler.room import node_room
+from devplugin.scheduler.state import node_entry
+
+
+@dataclass
+class PodOnGpu:
+    namespace: str
+    name: str
+    container: str
+    mem: int
+    core: int
+    whole: bool
+    state: str  # "allocated" (the node daemon placed it) or "scheduled" (chosen, not yet started)
+
+
+@dataclass
+class GpuReport:
+    index: int
+    uuid: str
+    model: str
+    healthy: bool
+    memTotal: int
+    memAllocated: int
+    coreTotal: int
+    coreAllocated: int
+    whole: bool
+    pods: list[PodOnGpu] = field(default_factory=list)
+
+
+@dataclass
+class NodeReport:
+    name: str
+    ip: str
+    mode: str
+    placement: str
+    unitMiB: int
+    memTotal: int
+    memAllocated: int
+    problem: str = ""
+    gpus: list[GpuReport] = field(default_factory=list)
+
+
+@dataclass
+class PendingPod:
+    namespace: str
+    name: str
+    node: str  # "" while unscheduled; set for pods bound without a GPU choice
+    mem: int
+    core: int
+    count: int
+
+
+@dataclass
+class Report:
+    nodes: list[NodeReport]
+    pending: list[PendingPod]
+    memTotalMiB: int
+    memAllocatedMiB: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _ip(node: Mapping) -> str:
+    for addr in (node.get("status") or {}).get("addresses") or []:
+        if addr.get("type") == "InternalIP":
+            return str(addr.get("address", ""))
+    return ""
+
+
+def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending: bool = True) -> Report:
+    holdings: dict[str, list[tuple]] = {}
+    pending: list[PendingPod] = []
+    for obj in pods:
+        try:
+            pod = pod_request(obj)
+        except PodRequestError:
+            continue
+        if pod.finished or not pod.gpu_containers:
+            continue
+        held = pod_holding(pod) if pod.node_name else None
+        if held is None:
+            if with_pending:
+                pending.append(PendingPod(pod.namespace, pod.name, pod.node_name,
+                                          sum(c.mem for c in pod.gpu_containers),
+                                          sum(c.core for c in pod.gpu_containers),
+                                          sum(c.count for c in pod.gpu_containers)))
+            continue
+        state = "allocated" if held[0] == ANN_ALLOCATED else "scheduled"
+        holdings.setdefault(pod.node_name, []).append((pod, held[1], state))
+    out: list[NodeReport] = []
+    for obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
+        entry = node_entry(obj)
+        if entry.inventory is None:
+            continue  # not a GPU-sharing node
+        on_node = holdings.get(entry.name, [])
+        rooms = node_room(entry.inventory, (h for _, h, _ in on_node), entry.usage)
+        models = {g.index: g.model for g in entry.inventory.gpus}
+        gpus = [GpuReport(r.index, r.uuid, models.get(r.index, ""), r.healthy, r.mem_total,
+                          r.mem_total if r.whole else min(r.mem_used, r.mem_total), CORE_PER_GPU,
+                          CORE_PER_GPU if r.whole else min(r.core_used, CORE_PER_GPU), r.whole) for r in rooms]
+        by_index = {g.index: g for g in gpus}
+        for pod, held, state in sorted(on_node, key=lambda t: t[0].key):
+            for container, shares in sorted(held.items()):
+                for s in shares:
+                    if s.index in by_index:
+                        by_index[s.index].pods.append(PodOnGpu(pod.namespace, pod.name, container,
+                                                               by_index[s.index].memTotal if s.whole else s.mem,
+                                                               CORE_PER_GPU if s.whole else s.core, s.whole, state))
+        out.append(NodeReport(entry.name, _ip(obj), entry.mode, entry.placement, entry.unit_mib,
+                              sum(g.memTotal for g in gpus), sum(g.memAllocated for g in gpus), entry.problem, gpus))
+    total = sum(n.memTotal * n.unitMiB for n in out)
+    used = sum(n.memAllocated * n.unitMiB for n in out)
+    return Report(out, sorted(pending, key=lambda p: (p.namespace, p.name)), total, used)

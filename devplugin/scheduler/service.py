@@ -1,0 +1,108 @@
+"""`devplugin scheduler`: wire the state, the informers, the apiserver writer and the HTTP app; run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+
+from devplugin.app import logs
+from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
+
+log = logging.getLogger(__name__)
+ENV_PREFIX = "DEVPLUGIN_SCHEDULER_"
+DEFAULT_MAX_BODY = 32 << 20  # a full NodeList from cluster-autoscaler's simulation can be large
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `devplugin scheduler`; each also reads DEVPLUGIN_SCHEDULER_<FLAG> from the environment."""
+    p.add_argument("--address", default=_env("address", "0.0.0.0"), help="listen address")
+    p.add_argument("--port", type=int, default=int(_env("port", "8443")), help="listen port (HTTPS)")
+    p.add_argument("--tls-cert-file", default=_env("tls-cert-file", ""),
+                   help="PEM certificate served (reloaded when the file changes)")
+    p.add_argument("--tls-private-key-file", default=_env("tls-private-key-file", ""), help="its PEM private key")
+    p.add_argument("--plain-http", action="store_true", default=_env("plain-http", "") == "true",
+                   help="serve plain HTTP (local trials only: the apiserver calls webhooks over HTTPS)")
+    p.add_argument("--kubeconfig", default=_env("kubeconfig", ""),
+                   help="kubeconfig (empty: in-cluster config, then ~/.kube/config)")
+    p.add_argument("--assume-ttl", type=float, default=float(_env("assume-ttl", str(DEFAULT_ASSUME_TTL_S))),
+                   help="seconds a GPU choice is held for a pod the watch has not yet shown bound")
+    p.add_argument("--max-body-bytes", type=int, default=int(_env("max-body-bytes", str(DEFAULT_MAX_BODY))),
+                   help="larger request bodies get 400")
+    p.add_argument("--log-level", default=_env("log-level", "INFO"),
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--log-format", default=_env("log-format", "json"), choices=("text", "json"))
+
+
+def check_arguments(args: argparse.Namespace) -> str:
+    """Why the flags cannot work, or ''."""
+    if not args.plain_http and not (args.tls_cert_file and args.tls_private_key_file):
+        return ("--tls-cert-file and --tls-private-key-file are required (the apiserver and kube-scheduler call "
+                "over HTTPS); --plain-http serves without TLS for local trials")
+    for flag, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-private-key-file", args.tls_private_key_file)):
+        if path and not os.path.isfile(path):
+            return f"{flag} {path}: no such file"
+    if not 0 < args.port < 65536:
+        return f"--port {args.port}: must be 1..65535"
+    if args.assume_ttl <= 0 or args.max_body_bytes <= 0:
+        return "--assume-ttl and --max-body-bytes must be positive"
+    return ""
+
+
+def api_client(kubeconfig: str):  # noqa: ANN201 - kubernetes.client.ApiClient
+    from kubernetes import config
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+        from kubernetes import client
+
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from devplugin.scheduler.cluster import KubeCluster
+    from devplugin.scheduler.http import Service, build_app
+    from devplugin.scheduler.informer import start_informers
+    from devplugin.scheduler.tls import CertReloader
+
+    logs.setup(args.log_level, args.log_format)
+    state = ClusterState(assume_ttl_s=args.assume_ttl)
+    client = api_client(args.kubeconfig)
+    informers = start_informers(client, state)
+    svc = Service(state, KubeCluster(client), max_body=args.max_body_bytes)
+    tls = {} if args.plain_http else {"ssl_certfile": args.tls_cert_file, "ssl_keyfile": args.tls_private_key_file}
+    config = uvicorn.Config(build_app(svc), host=args.address, port=args.port, log_config=None, access_log=False,
+                            lifespan="off", **tls)
+    config.load()
+    reloader = None
+    if config.ssl is not None:
+        reloader = CertReloader(config.ssl, args.tls_cert_file, args.tls_private_key_file).start()
+    stop = threading.Event()
+
+    def expire_loop() -> None:
+        while not stop.wait(1.0):
+            state.expire()
+
+    threading.Thread(target=expire_loop, name="assume-expiry", daemon=True).start()
+    log.info("scheduler extender and webhooks listening",
+             extra={"fields": {"address": args.address, "port": args.port, "tls": not args.plain_http}})
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        stop.set()
+        if reloader:
+            reloader.stop()
+        for inf in informers:
+            inf.stop()
+    return 0
