@@ -77,11 +77,11 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
         all_names = list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
         out.unresolvable = dict.fromkeys(all_names, str(exc))
         return out
-    views = _views(state, pod, names, nodes)
     if not pod.gpu_containers:
-        out.passed = [n for n, _ in views]
+        out.passed = list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
         return out
     state.expire()
+    views = _views(state, pod, names, nodes)
     problem = check_pod(pod)
     for name, view in views:
         if view is None:

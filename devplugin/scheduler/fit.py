@@ -172,4 +172,4 @@ def score(node: NodeView, placed: Fit) -> int:
     used += sum(s.mem for shares in placed.containers.values() for s in shares)
     frac = min(used / total, 1.0)
     value = frac if node.placement != "spread" else 1.0 - frac
-    return int(round(10 * value))
+    return int(10 * value + 0.5)  # half up
