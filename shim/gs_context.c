@@ -1,7 +1,9 @@
 /* cuInit and context creation: the device table is built once the driver is up, and a process's first
- * context on a GPU is charged against the limit (GPUSHARE_CONTEXT_RESERVE) before it is created. */
+ * context on a GPU is charged against the limit (GPUSHARE_CONTEXT_RESERVE) before it is created. On a GPU with
+ * a compute share the process learns its NVML pid while it creates the context (gs_pidmap.h). */
 #include "gs_log.h"
 #include "gs_shim.h"
+#include "gs_throttle.h"
 
 GS_EXPORT CUresult cuInit(unsigned int flags)
 {
@@ -29,7 +31,10 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
             if (rc_)                                       \
                 return rc_;                                \
         }                                                  \
+        struct gs_pidmap_scope map_;                       \
+        gs_throttle_context_begin(&map_, (dev));           \
         rc_ = (call);                                      \
+        gs_throttle_context_end(&map_, rc_);               \
         if (rc_ != CUDA_SUCCESS && charged_)               \
             gs_ctx_uncharge(dev);                          \
         return rc_;                                        \

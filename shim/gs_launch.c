@@ -11,6 +11,17 @@ static inline int64_t blocks(unsigned x, unsigned y, unsigned z)
     return n > (1ULL << 40) ? (int64_t)(1ULL << 40) : (int64_t)n;
 }
 
+/* The compute-share gate of the GPU the calling thread launches on. */
+static inline void gate(int64_t cost)
+{
+    if (GS_LIKELY(!gs_throttle_engaged()))
+        return;
+    int d = 0;
+    if (gs_ndevs != 1 && gs_current_device(&d) != CUDA_SUCCESS)
+        return;
+    gs_gate(d, cost);
+}
+
 #define GS_LAUNCH_HOOK(name, cost, args)          \
     {                                             \
         CUresult rc_ = gs_enter();                \
@@ -19,7 +30,7 @@ static inline int64_t blocks(unsigned x, unsigned y, unsigned z)
         gs_pfn_##name real_ = gs_cu.name;         \
         if (GS_UNLIKELY(!real_))                  \
             return CUDA_ERROR_NOT_SUPPORTED;      \
-        gs_gate(cost);                            \
+        gate(cost);                               \
         return real_ args;                        \
     }
 

@@ -326,6 +326,11 @@ void gs_region_detach(void)
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
+struct gs_slot *gs_region_own_slot(void)
+{
+    return attach();
+}
+
 void gs_region_after_fork_child(void)
 {
     pthread_mutex_init(&thread_lock, NULL);

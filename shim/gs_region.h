@@ -12,7 +12,7 @@
 #include "gs_parse.h"
 
 #define GS_REGION_MAGIC 0x3147455248534753ULL /* "GSHREG1" + 0x31 read as little-endian */
-#define GS_REGION_VERSION 1u
+#define GS_REGION_VERSION 2u
 #define GS_REGION_SLOTS 256
 #define GS_REGION_DEVICES 16
 
@@ -26,7 +26,32 @@ struct gs_slot {
     int32_t reserved;
     uint64_t start_time;    /* field 22 of /proc/<pid>/stat */
     uint64_t used[GS_REGION_DEVICES];
-    uint64_t pad[6];        /* 192 bytes: slots do not share cache lines */
+    int32_t nvml_pid;       /* the pid NVML reports for this process (the host's), -1 = could not be told apart;
+                             * valid only while nvml_owner == pid (a reused slot starts unmapped) */
+    int32_t nvml_owner;
+    uint64_t pad[5];        /* 192 bytes: slots do not share cache lines */
+};
+
+/* The compute share of one GPU, shared by every process of the container (gs_throttle.c). 128 bytes. */
+struct gs_region_compute {
+    int64_t pool;           /* tokens (grid blocks); negative while launches wait for the refill */
+    int64_t rate;           /* tokens per second; 0 = not measured yet (launches run free) */
+    int64_t capacity;       /* the most the pool holds */
+    uint64_t last_refill;   /* CLOCK_MONOTONIC ns */
+    uint64_t spent;         /* tokens used by launches of all processes */
+    uint64_t waits;         /* token batches that had to wait */
+    uint64_t next_step;     /* CLOCK_MONOTONIC ns of the next control step; a process claims it by CAS */
+    uint64_t step_at;       /* when the last step ran */
+    uint64_t step_spent;    /* spent and waits at the last step */
+    uint64_t step_waits;
+    uint64_t last_seen_us;  /* NVML lastSeenTimeStamp: newest per-process sample used so far */
+    uint64_t hold_until;    /* policy default: no bursting before this (after giving compute back) */
+    int32_t allowed;        /* percent of the GPU the bucket aims at (the share, or more while it is idle) */
+    int32_t used_pct;       /* the container's utilisation at the last step; -1 = not measured */
+    int32_t gpu_pct;        /* the whole GPU's utilisation at the last step; -1 = not measured */
+    int32_t steps;          /* control steps taken */
+    uint64_t unmeasured_since; /* launches spent tokens but NVML had no newer sample since then; 0 = none */
+    uint64_t reserved;
 };
 
 struct gs_region {
@@ -37,7 +62,11 @@ struct gs_region {
     uint32_t reserved[11];
     struct gs_region_device dev[GS_REGION_DEVICES];
     struct gs_slot slots[GS_REGION_SLOTS];
+    struct gs_region_compute compute[GS_REGION_DEVICES]; /* by region device */
 };
+
+_Static_assert(sizeof(struct gs_slot) == 192, "gs_slot layout");
+_Static_assert(sizeof(struct gs_region_compute) == 128, "gs_region_compute layout");
 
 /* Map the file at path (created when missing). 0, or -1 with the reason logged. */
 int gs_region_open(const char *path);
@@ -60,6 +89,9 @@ uint64_t gs_region_usage(int rd);
 int gs_region_reap(void);
 /* Reap at most once a second (for views that are read often). */
 void gs_region_reap_lazily(void);
+
+/* This process's slot, registered when missing (NULL when the file is not open or full). */
+struct gs_slot *gs_region_own_slot(void);
 
 /* This process's slot goes back (process exit). */
 void gs_region_detach(void);

@@ -1,29 +1,36 @@
-/* The compute-share token bucket and its controller; see gs_throttle.h. */
+/* The container's compute-share token bucket and its controller; see gs_throttle.h. */
 #include "gs_throttle.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <pthread.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gs_log.h"
+#include "gs_usage.h"
 
 #define GS_OPEN_BATCH 1024            /* tokens per batch before the first measurement */
 #define GS_BATCH_NS 1000000LL         /* a batch is about 1 ms of budget */
 #define GS_CAPACITY_NS 50000000LL     /* the pool holds at most 50 ms of budget */
 #define GS_MAX_BATCH (1LL << 30)
+#define GS_UNMEASURED_NS 1000000000ULL /* launching without any newer NVML sample this long: measure the GPU */
 
-/* The controller's view of one GPU. */
+/* What this process's controller thread keeps per GPU. */
 struct watch {
     nvmlDevice_t nvml;
-    int warned;
-    uint64_t spent, waits; /* counters at the last step */
+    int tried, warned_nvml, warned_whole;
 };
 
 int gs_throttle_on;
-struct gs_bucket gs_buckets[GS_MAX_DEVICES];
+struct gs_gate_dev gs_gates[GS_MAX_DEVICES];
 __thread int64_t gs_tls_tokens[GS_MAX_DEVICES] __attribute__((tls_model("initial-exec")));
 static __thread int64_t tls_batch[GS_MAX_DEVICES] __attribute__((tls_model("initial-exec")));
 
+static enum gs_policy policy;
+static uint64_t draws[GS_MAX_DEVICES]; /* batches this process took */
 static int controller_started;
 static struct watch watches[GS_MAX_DEVICES];
 static pthread_mutex_t controller_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -41,92 +48,155 @@ static void sleep_ns(int64_t ns)
     nanosleep(&ts, NULL);
 }
 
-/* Add what the rate earned since the last refill, up to the capacity. */
-static void refill(struct gs_bucket *b, int64_t rate)
+/* Add what the rate earned since the last refill, up to the capacity. Any process of the container may. */
+static void refill(struct gs_region_compute *c, int64_t rate)
 {
-    uint64_t now = now_ns(), last = __atomic_load_n(&b->last_refill, __ATOMIC_ACQUIRE);
-    if (now <= last || !__atomic_compare_exchange_n(&b->last_refill, &last, now, 0, __ATOMIC_ACQ_REL,
+    uint64_t now = now_ns(), last = __atomic_load_n(&c->last_refill, __ATOMIC_ACQUIRE);
+    if (now <= last || !__atomic_compare_exchange_n(&c->last_refill, &last, now, 0, __ATOMIC_ACQ_REL,
                                                     __ATOMIC_ACQUIRE))
         return;
     int64_t add = (int64_t)((double)rate * (double)(now - last) / 1e9);
-    int64_t cap = __atomic_load_n(&b->capacity, __ATOMIC_RELAXED);
-    int64_t cur = __atomic_load_n(&b->pool, __ATOMIC_RELAXED), next;
+    int64_t cap = __atomic_load_n(&c->capacity, __ATOMIC_RELAXED);
+    int64_t cur = __atomic_load_n(&c->pool, __ATOMIC_RELAXED), next;
     do {
         next = cur + add > cap ? (cur > cap ? cur : cap) : cur + add;
-    } while (!__atomic_compare_exchange_n(&b->pool, &cur, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    } while (!__atomic_compare_exchange_n(&c->pool, &cur, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+}
+
+/* --- measuring ------------------------------------------------------------------------------------------------ */
+
+/* The container's utilisation of GPU d (percent), -1 when there is nothing to learn this step. *gpu: the whole
+ * GPU's. Falls back to the whole GPU when per-process figures cannot be had (no per-process NVML, a process of
+ * the container that could not be mapped): a share is then held against the neighbours' use too, never
+ * exceeded. */
+static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu)
+{
+    struct watch *w = &watches[d];
+    if (!w->nvml && !w->tried++) {
+        if (gs_usage_device(gs_gates[d].uuid, &w->nvml) != 0) {
+            w->nvml = NULL;
+            GS_WARN("cannot read the utilisation of %s through NVML; its compute share of %d%% is not held",
+                    gs_gates[d].uuid, gs_gates[d].share);
+        }
+    }
+    if (!w->nvml)
+        return -1;
+    *gpu = gs_usage_gpu(w->nvml);
+    unsigned pids[GS_USAGE_MAX_PROCS];
+    int unmapped, npids = gs_pidmap_container(pids, GS_USAGE_MAX_PROCS, &unmapped), fresh = 0;
+    int cu = -1;
+    if (npids > 0 && !unmapped) {
+        uint64_t seen = __atomic_load_n(&c->last_seen_us, __ATOMIC_RELAXED);
+        cu = gs_usage_of(w->nvml, pids, npids, &seen, &fresh);
+        __atomic_store_n(&c->last_seen_us, seen, __ATOMIC_RELAXED);
+    }
+    uint64_t now = now_ns();
+    if (cu >= 0 && !fresh) { /* NVML had no newer sample */
+        if (*gpu >= 0 && *gpu < 2)
+            fresh = 1, cu = 0; /* the GPU is idle: so is the container */
+        else if (!used)
+            return -1;
+        else if (!c->unmeasured_since)
+            c->unmeasured_since = now;
+    }
+    if (fresh)
+        c->unmeasured_since = 0;
+    if (cu >= 0 && fresh)
+        return cu;
+    if (cu >= 0 && now - c->unmeasured_since < GS_UNMEASURED_NS)
+        return -1; /* wait for the driver's next sample */
+    if (!w->warned_whole++)
+        GS_WARN("%s: %s; the compute share is held against the whole GPU's utilisation", gs_gates[d].uuid,
+                unmapped ? "a process of this container could not be told apart in NVML's process list"
+                : npids ? "NVML reports no per-process utilisation for this container's processes"
+                        : "NVML reports no per-process utilisation here");
+    return *gpu;
 }
 
 /* --- the controller ---------------------------------------------------------------------------------------- */
 
-static int utilisation(int d, struct watch *w)
+/* The share of the GPU the bucket aims at this step; *reclaim: give compute back now, without smoothing. */
+static int target_share(struct gs_region_compute *c, int share, int cu, int u, uint64_t now, int *reclaim)
 {
-    if (!w->nvml) {
-        if (gs_real_load_nvml() != 0 || !gs_nvml.nvmlInit_v2 || !gs_nvml.nvmlDeviceGetHandleByUUID ||
-            !gs_nvml.nvmlDeviceGetUtilizationRates || gs_nvml.nvmlInit_v2() != NVML_SUCCESS ||
-            gs_nvml.nvmlDeviceGetHandleByUUID(gs_devs[d].uuid, &w->nvml) != NVML_SUCCESS) {
-            w->nvml = NULL;
-            if (!w->warned++)
-                GS_WARN("cannot read the utilisation of %s through NVML; its compute share of %d%% is not held",
-                        gs_devs[d].uuid, gs_devs[d].sm_limit);
-            return -1;
-        }
+    *reclaim = 0;
+    if (policy != GS_POLICY_DEFAULT || u < 0)
+        return share;
+    int others = u > cu ? u - cu : 0;
+    if (u >= GS_SATURATED && others >= GS_NEIGHBOUR_MIN) {
+        *reclaim = __atomic_load_n(&c->allowed, __ATOMIC_RELAXED) > share;
+        __atomic_store_n(&c->hold_until, now + GS_HOLD_MS * 1000000ULL, __ATOMIC_RELAXED);
+        return share;
     }
-    nvmlUtilization_t u;
-    if (gs_nvml.nvmlDeviceGetUtilizationRates(w->nvml, &u) != NVML_SUCCESS)
-        return -1;
-    return u.gpu > 100 ? 100 : (int)u.gpu;
+    if (now < __atomic_load_n(&c->hold_until, __ATOMIC_RELAXED))
+        return share;
+    int a = cu + (100 - GS_HEADROOM - u) / 2;
+    return a < share ? share : a > 100 ? 100 : a;
 }
 
-/* One control step for GPU d over the last dt seconds. */
-static void control(int d, struct watch *w, double dt)
+/* One control step of the container's bucket on GPU d, if no other process of the container took it. */
+static void control(int d)
 {
-    struct gs_bucket *b = &gs_buckets[d];
-    uint64_t spent = __atomic_load_n(&b->spent, __ATOMIC_RELAXED);
-    uint64_t waits = __atomic_load_n(&b->waits, __ATOMIC_RELAXED);
-    double used = (double)(spent - w->spent);
-    int waited = waits != w->waits;
-    w->spent = spent;
-    w->waits = waits;
-    int u = utilisation(d, w);
-    int64_t rate = __atomic_load_n(&b->rate, __ATOMIC_RELAXED), next;
-    if (u < 0 || used <= 0)
-        return; /* no measurement, or nothing launched: nothing to learn */
-    if (u < 2) {
+    struct gs_region_compute *c = gs_gates[d].c;
+    uint64_t now = now_ns(), next = __atomic_load_n(&c->next_step, __ATOMIC_ACQUIRE);
+    uint64_t period = GS_CONTROL_PERIOD_MS * 1000000ULL;
+    if (now < next || !__atomic_compare_exchange_n(&c->next_step, &next, now + period * 9 / 10, 0,
+                                                   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        return;
+    uint64_t last = c->step_at;
+    uint64_t spent = __atomic_load_n(&c->spent, __ATOMIC_RELAXED), waits = __atomic_load_n(&c->waits, __ATOMIC_RELAXED);
+    uint64_t used = spent - c->step_spent;
+    int waited = waits != c->step_waits;
+    c->step_at = now;
+    c->step_spent = spent;
+    c->step_waits = waits;
+    if (!last || now - last > 10 * period)
+        return; /* first step, or the container was away: only take the counters */
+    double dt = (double)(now - last) / 1e9;
+    int u = -1;
+    int cu = measure(d, c, used, &u);
+    if (cu < 0)
+        return;
+    int share = gs_gates[d].share, reclaim;
+    int a = target_share(c, share, cu, u, now, &reclaim);
+    __atomic_store_n(&c->allowed, a, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->used_pct, cu, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->gpu_pct, u, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->steps, 1, __ATOMIC_RELAXED);
+    int64_t rate = __atomic_load_n(&c->rate, __ATOMIC_RELAXED), rnext;
+    if (!used)
+        return; /* nothing launched: nothing to learn */
+    if (cu < 1) {
         if (!waited || !rate)
             return;
-        next = rate * 2; /* held back while the GPU looks idle: open up */
+        rnext = rate * 2; /* held back while the container shows no use: open up */
     } else {
-        double target = used / dt * gs_devs[d].sm_limit / u;
-        double r = rate ? sqrt((double)rate * target) : target;
-        if (rate && r > 4.0 * rate)
-            r = 4.0 * rate;
-        if (rate && r < rate / 4.0)
-            r = rate / 4.0;
-        next = r < 1 ? 1 : r > 1e15 ? (int64_t)1e15 : (int64_t)r;
+        double target = (double)used / dt * a / cu;
+        double r = target;
+        if (rate && !reclaim) {
+            r = sqrt((double)rate * target);
+            r = r > 4.0 * rate ? 4.0 * rate : r < rate / 4.0 ? rate / 4.0 : r;
+        }
+        rnext = r < 1 ? 1 : r > 1e15 ? (int64_t)1e15 : (int64_t)r;
     }
-    int64_t cap = (int64_t)((double)next * GS_CAPACITY_NS / 1e9);
-    __atomic_store_n(&b->capacity, cap < 1 ? 1 : cap, __ATOMIC_RELAXED);
-    if (!rate) {
-        __atomic_store_n(&b->pool, cap, __ATOMIC_RELAXED);
-        __atomic_store_n(&b->last_refill, now_ns(), __ATOMIC_RELEASE);
+    int64_t cap = (int64_t)((double)rnext * GS_CAPACITY_NS / 1e9);
+    __atomic_store_n(&c->capacity, cap < 1 ? 1 : cap, __ATOMIC_RELAXED);
+    if (!rate || reclaim) {
+        __atomic_store_n(&c->pool, reclaim ? 0 : cap, __ATOMIC_RELAXED);
+        __atomic_store_n(&c->last_refill, now_ns(), __ATOMIC_RELEASE);
     }
-    __atomic_store_n(&b->rate, next, __ATOMIC_RELEASE);
-    GS_DEBUG("CUDA device %d: utilisation %d%% (share %d%%), %.0f tokens/s -> rate %lld", d, u,
-             gs_devs[d].sm_limit, used / dt, (long long)next);
+    __atomic_store_n(&c->rate, rnext, __ATOMIC_RELEASE);
+    GS_DEBUG("CUDA device %d: container %d%%, GPU %d%% (share %d%%, aiming at %d%%), %.0f tokens/s -> rate %lld", d,
+             cu, u, share, a, (double)used / dt, (long long)rnext);
 }
 
 static void *controller(void *arg)
 {
     (void)arg;
-    uint64_t last = now_ns();
     for (;;) {
         sleep_ns(GS_CONTROL_PERIOD_MS * 1000000LL);
-        uint64_t now = now_ns();
-        double dt = (double)(now - last) / 1e9;
-        last = now;
-        for (int d = 0; d < gs_ndevs; d++)
-            if (gs_buckets[d].active)
-                control(d, &watches[d], dt);
+        for (int d = 0; d < GS_MAX_DEVICES; d++)
+            if (gs_gates[d].active)
+                control(d);
     }
     return NULL;
 }
@@ -152,7 +222,7 @@ static void start_controller(void)
 
 void gs_gate_slow(int d, int64_t cost)
 {
-    struct gs_bucket *b = &gs_buckets[d];
+    struct gs_region_compute *c = gs_gates[d].c;
     if (GS_UNLIKELY(!__atomic_load_n(&controller_started, __ATOMIC_ACQUIRE)))
         start_controller();
     if (cost < 1)
@@ -160,26 +230,28 @@ void gs_gate_slow(int d, int64_t cost)
     /* Report what the last batch paid for; hand back what it did not use. */
     int64_t left = gs_tls_tokens[d] > 0 ? gs_tls_tokens[d] : 0;
     if (tls_batch[d] > left)
-        __atomic_fetch_add(&b->spent, (uint64_t)(tls_batch[d] - left), __ATOMIC_RELAXED);
-    __atomic_fetch_add(&b->draws, 1, __ATOMIC_RELAXED);
-    int64_t rate = __atomic_load_n(&b->rate, __ATOMIC_ACQUIRE);
+        __atomic_fetch_add(&c->spent, (uint64_t)(tls_batch[d] - left), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&draws[d], 1, __ATOMIC_RELAXED);
+    int64_t rate = __atomic_load_n(&c->rate, __ATOMIC_ACQUIRE);
     int64_t batch;
     if (!rate) {
         batch = cost > GS_OPEN_BATCH ? cost : GS_OPEN_BATCH; /* not measured yet: run free, but count */
     } else {
         if (left)
-            __atomic_fetch_add(&b->pool, left, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&c->pool, left, __ATOMIC_RELAXED);
         batch = rate / (1000000000LL / GS_BATCH_NS);
         batch = batch < cost ? cost : batch > GS_MAX_BATCH ? GS_MAX_BATCH : batch;
-        refill(b, rate);
-        if (__atomic_sub_fetch(&b->pool, batch, __ATOMIC_ACQ_REL) < 0) {
-            __atomic_fetch_add(&b->waits, 1, __ATOMIC_RELAXED);
+        refill(c, rate);
+        if (__atomic_sub_fetch(&c->pool, batch, __ATOMIC_ACQ_REL) < 0) {
+            __atomic_fetch_add(&c->waits, 1, __ATOMIC_RELAXED);
             int64_t pool;
-            while ((pool = __atomic_load_n(&b->pool, __ATOMIC_ACQUIRE)) < 0) {
-                rate = __atomic_load_n(&b->rate, __ATOMIC_ACQUIRE);
+            while ((pool = __atomic_load_n(&c->pool, __ATOMIC_ACQUIRE)) < 0) {
+                rate = __atomic_load_n(&c->rate, __ATOMIC_ACQUIRE);
+                if (rate <= 0)
+                    break;
                 int64_t wait = (int64_t)((double)-pool * 1e9 / (double)rate);
                 sleep_ns(wait < 20000 ? 20000 : wait > 5000000 ? 5000000 : wait);
-                refill(b, rate);
+                refill(c, rate);
             }
         }
     }
@@ -187,45 +259,110 @@ void gs_gate_slow(int d, int64_t cost)
     gs_tls_tokens[d] = batch - cost;
 }
 
-void gs_throttle_setup(int ndevs)
+int gs_throttle_setup(const struct gs_share_limit *limits, int n, enum gs_policy p, const char *usage_file)
 {
     int any = 0;
-    for (int d = 0; d < ndevs && d < GS_MAX_DEVICES; d++) {
-        struct gs_bucket *b = &gs_buckets[d];
-        b->active = !gs_devs[d].blocked && gs_devs[d].sm_limit < 100 && gs_cfg.policy != GS_POLICY_DISABLE;
-        any |= b->active;
-        if (gs_devs[d].sm_limit < 100 && !b->active && !gs_devs[d].blocked)
-            GS_INFO("CUDA device %d: compute share %d%% not held (%s=disable)", d, gs_devs[d].sm_limit,
-                    GS_ENV_CORE_POLICY);
+    policy = p;
+    for (int d = 0; d < n && d < GS_MAX_DEVICES; d++) {
+        struct gs_gate_dev *g = &gs_gates[d];
+        memset(g, 0, sizeof *g);
+        snprintf(g->uuid, sizeof g->uuid, "%s", limits[d].uuid);
+        g->share = limits[d].share;
+        g->rd = -1;
+        int wanted = !limits[d].blocked && g->share < 100;
+        g->active = wanted && p != GS_POLICY_DISABLE;
+        any |= g->active;
+        if (wanted && !g->active)
+            GS_INFO("CUDA device %d: compute share %d%% not held (%s=disable)", d, g->share, GS_ENV_CORE_POLICY);
     }
-    __atomic_store_n(&gs_throttle_on, any, __ATOMIC_RELEASE);
+    if (!any)
+        return 0;
+    if (gs_region_open(usage_file) != 0)
+        return -1;
+    for (int d = 0; d < n && d < GS_MAX_DEVICES; d++) {
+        struct gs_gate_dev *g = &gs_gates[d];
+        if (!g->active)
+            continue;
+        g->rd = gs_region_device(g->uuid, 0, 0);
+        if (g->rd < 0)
+            g->rd = gs_region_device(g->uuid, 1, 0);
+        if (g->rd < 0)
+            return -1;
+        g->c = &gs_region_map()->compute[g->rd];
+        int unset = 0;
+        __atomic_compare_exchange_n(&g->c->allowed, &unset, g->share, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&gs_throttle_on, 1, __ATOMIC_RELEASE);
+    return 0;
 }
 
-void gs_throttle_after_fork_child(void)
+void gs_throttle_context_begin(struct gs_pidmap_scope *s, int d)
+{
+    s->active = 0;
+    if (d >= 0 && d < GS_MAX_DEVICES && gs_gates[d].active)
+        gs_pidmap_begin(s, gs_gates[d].uuid);
+}
+
+void gs_throttle_context_end(struct gs_pidmap_scope *s, CUresult rc)
+{
+    gs_pidmap_end(s, rc);
+}
+
+static void child_after_fork(void)
 {
     controller_started = 0;
     pthread_mutex_init(&controller_lock, NULL);
     for (int d = 0; d < GS_MAX_DEVICES; d++) {
-        struct gs_bucket *b = &gs_buckets[d];
-        b->rate = 0;
-        b->pool = 0;
-        b->spent = b->draws = b->waits = 0;
+        draws[d] = 0;
         gs_tls_tokens[d] = tls_batch[d] = 0;
-        watches[d].spent = watches[d].waits = 0;
     }
 }
-GS_ON_FORK_CHILD(gs_throttle_after_fork_child)
+GS_ON_FORK_CHILD(child_after_fork)
 
+static void fill_stats(int dev, struct gpushare_throttle_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    const struct gs_gate_dev *g = &gs_gates[dev];
+    const struct gs_region_compute *c = g->c;
+    out->active = g->active;
+    out->sm_limit = g->share ? g->share : 100;
+    out->draws = __atomic_load_n(&draws[dev], __ATOMIC_RELAXED);
+    out->used_pct = out->gpu_pct = -1;
+    if (c) {
+        out->rate = __atomic_load_n(&c->rate, __ATOMIC_RELAXED);
+        out->spent = __atomic_load_n(&c->spent, __ATOMIC_RELAXED);
+        out->waits = __atomic_load_n(&c->waits, __ATOMIC_RELAXED);
+        out->allowed = __atomic_load_n(&c->allowed, __ATOMIC_RELAXED);
+        out->used_pct = __atomic_load_n(&c->used_pct, __ATOMIC_RELAXED);
+        out->gpu_pct = __atomic_load_n(&c->gpu_pct, __ATOMIC_RELAXED);
+    }
+    const struct gs_region *r = gs_region_map();
+    int32_t me = (int32_t)getpid();
+    for (uint32_t i = 0; r && i < r->nslots && i < GS_REGION_SLOTS; i++) {
+        const struct gs_slot *s = &r->slots[i];
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == me && __atomic_load_n(&s->nvml_owner, __ATOMIC_ACQUIRE) == me)
+            out->nvml_pid = __atomic_load_n(&s->nvml_pid, __ATOMIC_ACQUIRE);
+    }
+}
+
+/* The original six fields (rate, spent, draws, waits, active, sm_limit). */
 GS_EXPORT int gpushare_throttle_stats(int dev, struct gpushare_throttle_stats *out)
 {
     if (dev < 0 || dev >= GS_MAX_DEVICES || !out)
         return -1;
-    const struct gs_bucket *b = &gs_buckets[dev];
-    out->rate = __atomic_load_n(&b->rate, __ATOMIC_RELAXED);
-    out->spent = __atomic_load_n(&b->spent, __ATOMIC_RELAXED);
-    out->draws = __atomic_load_n(&b->draws, __ATOMIC_RELAXED);
-    out->waits = __atomic_load_n(&b->waits, __ATOMIC_RELAXED);
-    out->active = b->active;
-    out->sm_limit = dev < gs_ndevs ? gs_devs[dev].sm_limit : 100;
+    struct gpushare_throttle_stats s;
+    fill_stats(dev, &s);
+    memcpy(out, &s, offsetof(struct gpushare_throttle_stats, allowed));
+    return 0;
+}
+
+/* Every field, up to `size` bytes of *out. */
+GS_EXPORT int gpushare_share_stats(int dev, struct gpushare_throttle_stats *out, size_t size)
+{
+    if (dev < 0 || dev >= GS_MAX_DEVICES || !out)
+        return -1;
+    struct gpushare_throttle_stats s;
+    fill_stats(dev, &s);
+    memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return 0;
 }

@@ -1,50 +1,74 @@
-/* Compute share: a token bucket per GPU in front of kernel launches, fed by the GPU's measured utilisation.
+/* Compute share: one token bucket per container and GPU in front of kernel launches, held in the container's
+ * usage file (struct gs_region_compute) so that every process of the container draws from it, and fed by the
+ * container's own measured use of the GPU.
  *
- * A launch costs its grid size in blocks (a graph launch: GS_GRAPH_COST). Threads take tokens from the GPU's
- * pool in batches of about a millisecond of budget and spend them without atomics, so a launch below the
- * share is a compare and a subtraction on thread-local memory. A controller thread reads NVML utilisation u
- * every GS_CONTROL_PERIOD_MS and sets the refill rate to what would have produced the share s:
- *     target = (tokens spent per second) * s / u,   rate <- sqrt(rate * target)   (at most 4x per step)
- * The step is scale-free (no SM-count term, so it neither crawls on small GPUs nor oscillates on big ones);
- * at 100 % (or policy `disable`) the gate is off. Until the first measurement launches run free. */
+ * A launch costs its grid size in blocks (a graph launch: GS_GRAPH_COST). Threads take tokens from the pool in
+ * batches of about a millisecond of budget and spend them from thread-local memory, so a launch below the
+ * share is a compare and a subtraction. Every GS_CONTROL_PERIOD_MS one process of the container (whichever
+ * claims the step first) measures the container's utilisation c: the per-process utilisation NVML reports for
+ * the container's processes (their NVML pids: gs_pidmap.h), summed. It sets the refill rate to what would have
+ * produced the target a:
+ *     target = (tokens spent per second) * a / c,   rate <- sqrt(rate * target)   (at most 4x per step)
+ * so the bucket learns what a block costs on this GPU for this workload. The target a:
+ *   force    the share s.
+ *   default  the share s, plus idle compute: while the GPU has room (u < 100 - GS_HEADROOM), a grows by half the
+ *            room above what the container uses; when the GPU is saturated (u >= GS_SATURATED) while another
+ *            container uses at least GS_NEIGHBOUR_MIN, a drops to s at once (the rate is cut in the same step,
+ *            without smoothing) and stays there for GS_HOLD_MS. Giving back is bounded: one control period
+ *            plus the age of NVML's newest sample.
+ *   disable  no gate.
+ * Until the first measurement launches run free. */
 #ifndef GS_THROTTLE_H
 #define GS_THROTTLE_H
 
 #include <stdint.h>
 
-#include "gs_shim.h"
+#include "gs_config.h"
+#include "gs_pidmap.h"
+#include "gs_region.h"
+#include "gs_state.h"
 
 #define GS_CONTROL_PERIOD_MS 100
 #define GS_GRAPH_COST 64
+#define GS_HEADROOM 8        /* default: percent of the GPU left idle for neighbours that start */
+#define GS_SATURATED 97      /* default: the GPU counts as saturated from this utilisation */
+#define GS_NEIGHBOUR_MIN 5   /* default: another container counts as wanting compute from this use */
+#define GS_HOLD_MS 1000      /* default: after giving compute back, no bursting for this long */
 
-struct gs_bucket {
+/* What the throttle is told about each CUDA device of the process (it reads no device table). */
+struct gs_share_limit {
+    char uuid[GS_UUID_LEN];
+    int share;   /* percent of the GPU, 1..100; 100 = no share to hold */
+    int blocked; /* the process may not use the GPU at all */
+};
+
+/* One GPU as the gate sees it. */
+struct gs_gate_dev {
     int active;
-    int64_t pool;         /* tokens; negative while launches wait for the refill */
-    int64_t rate;         /* tokens per second; 0 = not measured yet (launches run free) */
-    int64_t capacity;     /* the most the pool holds: 50 ms of budget */
-    uint64_t last_refill; /* monotonic ns */
-    uint64_t spent;       /* tokens used by launches (threads report when they take a new batch) */
-    uint64_t draws;       /* batches taken */
-    uint64_t waits;       /* batches that had to wait */
+    int share;
+    int rd;                        /* region device */
+    struct gs_region_compute *c;   /* the container's bucket in the usage file */
+    char uuid[GS_UUID_LEN];
 };
 
 extern int gs_throttle_on;
-extern struct gs_bucket gs_buckets[GS_MAX_DEVICES];
+extern struct gs_gate_dev gs_gates[GS_MAX_DEVICES];
 extern __thread int64_t gs_tls_tokens[GS_MAX_DEVICES] __attribute__((tls_model("initial-exec")));
 
-void gs_throttle_setup(int ndevs);
-void gs_throttle_after_fork_child(void);
+/* Set the gates up: n devices in CUDA ordinal order, one policy, the container's usage file. 0, or -1 when a
+ * share must be held but the usage file cannot be opened (the caller refuses CUDA). */
+int gs_throttle_setup(const struct gs_share_limit *limits, int n, enum gs_policy policy, const char *usage_file);
 void gs_gate_slow(int d, int64_t cost);
 
-/* In front of every launch. */
-static inline void gs_gate(int64_t cost)
+static inline int gs_throttle_engaged(void)
 {
-    if (GS_LIKELY(!__atomic_load_n(&gs_throttle_on, __ATOMIC_RELAXED)))
-        return;
-    int d = 0;
-    if (gs_ndevs != 1 && gs_current_device(&d) != CUDA_SUCCESS)
-        return;
-    if (d < 0 || d >= GS_MAX_DEVICES || !gs_buckets[d].active)
+    return __atomic_load_n(&gs_throttle_on, __ATOMIC_RELAXED);
+}
+
+/* In front of every launch on CUDA device d. */
+static inline void gs_gate(int d, int64_t cost)
+{
+    if (d < 0 || d >= GS_MAX_DEVICES || !gs_gates[d].active)
         return;
     if (GS_LIKELY(gs_tls_tokens[d] >= cost)) {
         gs_tls_tokens[d] -= cost;
@@ -53,12 +77,20 @@ static inline void gs_gate(int64_t cost)
     gs_gate_slow(d, cost);
 }
 
-/* For tests and diagnostics (exported as gpushare_throttle_stats). */
+/* Around the creation of a context on CUDA device d: the process's NVML pid is found then (gs_pidmap.h). */
+void gs_throttle_context_begin(struct gs_pidmap_scope *s, int d);
+void gs_throttle_context_end(struct gs_pidmap_scope *s, CUresult rc);
+
+/* For tests and diagnostics (exported as gpushare_throttle_stats): this container's bucket on CUDA device d. */
 struct gpushare_throttle_stats {
     int64_t rate;
     uint64_t spent, draws, waits;
     int active;
     int sm_limit;
+    int allowed;  /* percent the bucket aims at */
+    int used_pct; /* the container's utilisation at the last step, -1 = none */
+    int gpu_pct;  /* the GPU's, -1 = none */
+    int nvml_pid; /* this process's NVML pid; 0 = not mapped, -1 = could not be told */
 };
 
 #endif /* GS_THROTTLE_H */

@@ -1,0 +1,38 @@
+/* Which pid NVML reports for each process of the container. The driver ignores PID namespaces, so inside a
+ * pod no NVML pid equals getpid(): a process finds its own as the one pid that appears in the GPU's list of
+ * processes with a context (nvmlDeviceGetComputeRunningProcesses) while it creates its context, and records it
+ * in its slot of the container's usage file, where every process of the container reads the whole set.
+ *
+ * Race-free: the list is read before and after the context is created while holding the container's lock
+ * (processes of this container) and, when GPUSHARE_GPU_LOCK_DIR names a directory shared by the containers on
+ * the node, a per-GPU lock there (flock on <dir>/<uuid>.lock; read-only files do). A new pid that another
+ * process of the container already claimed is not ours. Only exactly one remaining new pid is taken; anything
+ * else (a process outside the shim created a context at the same moment) leaves the process marked unmapped
+ * (nvml_pid = -1) with a warning, and the compute share then measures that GPU as a whole. */
+#ifndef GS_PIDMAP_H
+#define GS_PIDMAP_H
+
+#include "gs_cuda_types.h"
+#include "gs_usage.h"
+
+#define GS_ENV_GPU_LOCK_DIR "GPUSHARE_GPU_LOCK_DIR"
+
+struct gs_pidmap_scope {
+    int active;
+    int lock_fd;
+    nvmlDevice_t dev;
+    int nbefore;
+    unsigned before[GS_USAGE_MAX_PROCS];
+};
+
+/* Before creating a context on the GPU with this UUID: take the locks and the list (unless this process is
+ * mapped already). */
+void gs_pidmap_begin(struct gs_pidmap_scope *s, const char *uuid);
+/* After: read the list again, record the pid when the context was created, release the locks. */
+void gs_pidmap_end(struct gs_pidmap_scope *s, CUresult rc);
+
+/* The NVML pids of the container's live processes (at most max); *unmapped counts live processes that created
+ * a context but could not be mapped. */
+int gs_pidmap_container(unsigned *pids, int max, int *unmapped);
+
+#endif /* GS_PIDMAP_H */
