@@ -233,6 +233,10 @@ class Store:
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource[1]} "{name}": the '
                                                 "object has been modified; please apply your changes to the "
                                                 "latest version and try again")
+            uid = meta.get("uid")
+            if uid and uid != old["metadata"].get("uid"):
+                raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in object "
+                                                f"meta: {old['metadata'].get('uid')}")
             for field in ("name", "namespace", "uid", "creationTimestamp"):
                 if field in old["metadata"]:
                     meta[field] = old["metadata"][field]

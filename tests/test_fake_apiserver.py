@@ -97,6 +97,9 @@ def test_patches_merge_strategic_and_json(api: FakeApiserver, v1: client.CoreV1A
     with pytest.raises(client.ApiException) as stale:
         v1.patch_namespaced_pod("p", "default", {"metadata": {"resourceVersion": "1", "labels": {"l": "v"}}})
     assert stale.value.status == 409
+    with pytest.raises(client.ApiException) as other_pod:  # a uid in the patch is a precondition
+        v1.patch_namespaced_pod("p", "default", {"metadata": {"uid": "not-this-pod", "labels": {"l": "v"}}})
+    assert other_pod.value.status == 409 and "UID" in str(other_pod.value.body)
     with pytest.raises(client.ApiException) as missing:
         v1.patch_namespaced_pod("nope", "default", {"metadata": {"labels": {"l": "v"}}})
     assert missing.value.status == 404 and json.loads(missing.value.body)["reason"] == "NotFound"
