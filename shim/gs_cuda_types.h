@@ -43,6 +43,8 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef void (*CUhostFn)(void *userData);
 typedef struct CUmemAccessDesc_st CUmemAccessDesc;
+typedef struct CUmod_st *CUmodule;
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
 
 typedef struct CUuuid_st {
     char bytes[16];

@@ -122,8 +122,8 @@ int gs_devices_setup(void)
                     dev->sm_limit);
     }
     gs_any_limit = any;
-    if (listener)
-        listener(count);
+    if (listener && listener(count) != 0)
+        goto out;
     __atomic_store_n(&gs_ndevs, count, __ATOMIC_RELEASE);
     rc = 0;
 out:

@@ -31,8 +31,9 @@ static inline int gs_devices_ready(void)
 /* CUDA ordinal of the calling thread's current context. CUDA_SUCCESS, or the driver's error. */
 CUresult gs_current_device(int *d);
 
-/* Called once, with the table filled and before any hook sees it (one listener; set it from a constructor). */
-typedef void (*gs_devices_listener)(int ndevs);
+/* Called once, with the table filled and before any hook sees it (one listener; set it from a constructor).
+ * It returns 0, or -1 after refusing CUDA (gs_refuse): the table then stays unfilled. */
+typedef int (*gs_devices_listener)(int ndevs);
 void gs_devices_on_ready(gs_devices_listener fn);
 
 #endif /* GS_DEVICES_H */

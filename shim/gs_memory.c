@@ -1,9 +1,11 @@
-/* Memory hooks: every way to take device memory reserves against the container's limit before the driver
- * allocates, rolls back when the driver fails, and gives back on free. Over the limit the answer is
- * CUDA_ERROR_OUT_OF_MEMORY, as from a full GPU. */
-#include <pthread.h>
+/* Linear device memory: every way to take it reserves what the driver really takes (the size rounded up to
+ * the GPU's allocation granularity) against the container's limit before the driver allocates, rolls back when
+ * the driver fails, and gives back on free. Over the limit the answer is CUDA_ERROR_OUT_OF_MEMORY, as from a
+ * full GPU. Stream-ordered frees give back when the free has happened in stream order. */
+#include <stdlib.h>
 
-#include "gs_shim.h"
+#include "gs_alloc.h"
+#include "gs_log.h"
 
 /* Pools created with a location, so cuMemAllocFromPoolAsync charges the right GPU (or none, for host pools). */
 #define MAX_POOLS 64
@@ -19,68 +21,49 @@ static void child_after_fork(void)
 }
 GS_ON_FORK_CHILD(child_after_fork)
 
-/* Where allocations of the calling thread go: its current context's device. -1 with *rc when unknown. */
-static int current_or(CUresult *rc)
-{
-    int d = -1;
-    *rc = gs_current_device(&d);
-    return *rc == CUDA_SUCCESS ? d : -1;
-}
-
-/* The common shape: reserve on d, call the driver, keep or roll back. */
-#define GS_ALLOC_ON(d, bytes, call, dptr)                            \
-    do {                                                             \
-        int tracked_;                                                \
-        CUresult rc_ = gs_alloc_begin((d), (bytes), &tracked_);      \
-        if (rc_)                                                     \
-            return rc_;                                              \
-        rc_ = (call);                                                \
-        gs_alloc_end(rc_, tracked_, (d), (bytes), &gs_pointers, rc_ == CUDA_SUCCESS ? *(dptr) : 0); \
-        return rc_;                                                  \
-    } while (0)
-
-#define GS_ALLOC_CURRENT(bytes, call, dptr)                          \
-    do {                                                             \
-        CUresult rc0_;                                               \
-        if (!gs_devices_ready() || !gs_any_limit || !dptr)           \
-            return (call);                                           \
-        int d_ = current_or(&rc0_);                                  \
-        if (rc0_ != CUDA_SUCCESS)                                    \
-            return (call);                                           \
-        GS_ALLOC_ON(d_, (bytes), (call), (dptr));                    \
-    } while (0)
-
-#define GS_ENTER_OR_RETURN(name)              \
-    do {                                      \
-        CUresult e_ = gs_enter();             \
-        if (e_)                               \
-            return e_;                        \
-        if (!gs_cu.name)                      \
-            return CUDA_ERROR_NOT_SUPPORTED;  \
+#define GS_ALLOC_CURRENT(bytes, call, dptr, undo)                                              \
+    do {                                                                                       \
+        int d_;                                                                                \
+        CUresult rc0_ = gs_alloc_target(&d_);                                                  \
+        if (rc0_)                                                                              \
+            return rc0_;                                                                       \
+        if (d_ < 0 || !(dptr))                                                                 \
+            return (call);                                                                     \
+        GS_TRACKED(d_, gs_charge_size(d_, (bytes)), &gs_pointers, (call), *(dptr), undo);      \
     } while (0)
 
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     GS_ENTER_OR_RETURN(cuMemAlloc_v2);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAlloc_v2(dptr, bytesize), dptr);
+    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAlloc_v2(dptr, bytesize), dptr, gs_cu.cuMemFree_v2(*dptr));
+}
+
+/* The CUDA 3.1 entry point, still exported by the driver (32-bit device pointers). */
+GS_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    GS_ENTER_OR_RETURN(cuMemAlloc);
+    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAlloc(dptr, bytesize), dptr,
+                     gs_cu.cuMemFree ? gs_cu.cuMemFree(*dptr) : CUDA_SUCCESS);
 }
 
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     GS_ENTER_OR_RETURN(cuMemAllocManaged);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocManaged(dptr, bytesize, flags), dptr);
+    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocManaged(dptr, bytesize, flags), dptr, gs_cu.cuMemFree_v2(*dptr));
 }
 
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocAsync);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocAsync(dptr, bytesize, stream), dptr);
+    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocAsync(dptr, bytesize, stream), dptr,
+                     gs_cu.cuMemFreeAsync(*dptr, stream));
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocAsync_ptsz);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocAsync_ptsz(dptr, bytesize, stream), dptr);
+    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocAsync_ptsz(dptr, bytesize, stream), dptr,
+                     gs_cu.cuMemFreeAsync_ptsz(*dptr, stream));
 }
 
 /* The pitch is the driver's choice: reserve rows of the usual 512-byte alignment, then settle to the real
@@ -90,14 +73,16 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
                                       unsigned int elem)
 {
     GS_ENTER_OR_RETURN(cuMemAllocPitch_v2);
-    CUresult rc = CUDA_SUCCESS;
-    int d = gs_devices_ready() && gs_any_limit ? current_or(&rc) : -1;
-    if (d < 0 || rc != CUDA_SUCCESS || !dptr || !pitch || width > (SIZE_MAX >> 1) || !height)
+    int d;
+    CUresult rc = gs_alloc_target(&d);
+    if (rc)
+        return rc;
+    if (d < 0 || !dptr || !pitch || width > (SIZE_MAX >> 1) || !height)
         return gs_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
     uint64_t widest = ((uint64_t)width + GS_PITCH_ALIGN - 1) / GS_PITCH_ALIGN * GS_PITCH_ALIGN;
-    if (height > UINT64_MAX / widest)
+    if (widest && height > UINT64_MAX / widest)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t reserved = widest * height;
+    uint64_t reserved = gs_charge_size(d, widest * height);
     int tracked;
     rc = gs_alloc_begin(d, reserved, &tracked);
     if (rc)
@@ -108,20 +93,19 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
             gs_alloc_undo(d, reserved);
         return rc;
     }
-    uint64_t actual = (uint64_t)*pitch * height;
+    uint64_t actual = gs_charge_size(d, (uint64_t)*pitch * height);
     if (actual <= reserved) {
         gs_alloc_undo(d, reserved - actual);
-        gs_alloc_end(CUDA_SUCCESS, 1, d, actual, &gs_pointers, *dptr);
-        return CUDA_SUCCESS;
-    }
-    /* A pitch wider than expected: charge the difference or undo the allocation. */
-    int more;
-    if (gs_alloc_begin(d, actual - reserved, &more) != CUDA_SUCCESS) {
+    } else if (gs_alloc_begin(d, actual - reserved, &tracked) != CUDA_SUCCESS) {
+        /* A pitch wider than expected that does not fit. */
         gs_cu.cuMemFree_v2(*dptr);
         gs_alloc_undo(d, reserved);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    gs_alloc_end(CUDA_SUCCESS, 1, d, actual, &gs_pointers, *dptr);
+    if (gs_alloc_end(CUDA_SUCCESS, 1, d, actual, &gs_pointers, *dptr)) {
+        gs_cu.cuMemFree_v2(*dptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -140,12 +124,14 @@ static int pool_device(CUmemoryPool pool, int *dev)
     return found;
 }
 
-static CUresult from_pool(gs_pfn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr, size_t bytesize,
-                          CUmemoryPool pool, CUstream stream)
+static CUresult from_pool(gs_pfn_cuMemAllocFromPoolAsync real, gs_pfn_cuMemFreeAsync free_async, CUdeviceptr *dptr,
+                          size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
-    CUresult rc = CUDA_SUCCESS;
-    int d = gs_devices_ready() && gs_any_limit ? current_or(&rc) : -1;
-    if (d < 0 || rc != CUDA_SUCCESS || !dptr)
+    int d;
+    CUresult rc = gs_alloc_target(&d);
+    if (rc)
+        return rc;
+    if (d < 0 || !dptr)
         return real(dptr, bytesize, pool, stream);
     int pd;
     if (pool_device(pool, &pd)) {
@@ -153,20 +139,21 @@ static CUresult from_pool(gs_pfn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr
             return real(dptr, bytesize, pool, stream); /* a host pool: not device memory */
         d = pd;
     }
-    GS_ALLOC_ON(d, bytesize, real(dptr, bytesize, pool, stream), dptr);
+    GS_TRACKED(d, gs_charge_size(d, bytesize), &gs_pointers, real(dptr, bytesize, pool, stream), *dptr,
+               free_async(*dptr, stream));
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocFromPoolAsync);
-    return from_pool(gs_cu.cuMemAllocFromPoolAsync, dptr, bytesize, pool, stream);
+    return from_pool(gs_cu.cuMemAllocFromPoolAsync, gs_cu.cuMemFreeAsync, dptr, bytesize, pool, stream);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                 CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocFromPoolAsync_ptsz);
-    return from_pool(gs_cu.cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, stream);
+    return from_pool(gs_cu.cuMemAllocFromPoolAsync_ptsz, gs_cu.cuMemFreeAsync_ptsz, dptr, bytesize, pool, stream);
 }
 
 GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
@@ -209,48 +196,75 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     GS_ENTER_OR_RETURN(cuMemCreate);
     if (!gs_devices_ready() || !gs_any_limit || !handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return gs_cu.cuMemCreate(handle, size, prop, flags);
-    int d = prop->location.id, tracked;
-    CUresult rc = gs_alloc_begin(d, size, &tracked);
-    if (rc)
-        return rc;
-    rc = gs_cu.cuMemCreate(handle, size, prop, flags);
-    gs_alloc_end(rc, tracked, d, size, &gs_handles, rc == CUDA_SUCCESS ? *handle : 0);
-    return rc;
+    int d = prop->location.id;
+    GS_TRACKED(d, gs_charge_size(d, size), &gs_handles, gs_cu.cuMemCreate(handle, size, prop, flags), *handle,
+               gs_cu.cuMemRelease(*handle));
 }
 
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     GS_ENTER_OR_RETURN(cuMemRelease);
-    struct gs_ptr_entry e;
-    int had = gs_free_begin(&gs_handles, handle, &e);
-    CUresult rc = gs_cu.cuMemRelease(handle);
-    gs_free_end(rc, had, &gs_handles, &e);
-    return rc;
+    GS_UNTRACK(&gs_handles, handle, gs_cu.cuMemRelease(handle));
 }
-
-#define GS_FREE(call, key)                                           \
-    do {                                                             \
-        struct gs_ptr_entry e_;                                      \
-        int had_ = gs_free_begin(&gs_pointers, (key), &e_);          \
-        CUresult rc_ = (call);                                       \
-        gs_free_end(rc_, had_, &gs_pointers, &e_);                   \
-        return rc_;                                                  \
-    } while (0)
 
 GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     GS_ENTER_OR_RETURN(cuMemFree_v2);
-    GS_FREE(gs_cu.cuMemFree_v2(dptr), dptr);
+    GS_UNTRACK(&gs_pointers, dptr, gs_cu.cuMemFree_v2(dptr));
+}
+
+GS_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    GS_ENTER_OR_RETURN(cuMemFree);
+    GS_UNTRACK(&gs_pointers, dptr, gs_cu.cuMemFree(dptr));
+}
+
+/* --- stream-ordered frees ------------------------------------------------------------------------------------ */
+
+static void give_back_in_stream_order(void *entry)
+{
+    gs_free_entry(entry);
+    free(entry);
+}
+
+/* cuMemFreeAsync frees when the stream reaches it: the charge goes back then, from a host function queued
+ * behind the free. While the stream is being captured into a graph nothing is freed now (the graph's memory
+ * stays reserved for the graph), and the charge stays. Without cuLaunchHostFunc the charge goes back at once. */
+static CUresult free_async(gs_pfn_cuMemFreeAsync real, gs_pfn_cuLaunchHostFunc host_fn,
+                           gs_pfn_cuStreamIsCapturing capturing, CUdeviceptr dptr, CUstream stream)
+{
+    struct gs_ptr_entry e;
+    int had = gs_free_begin(&gs_pointers, dptr, &e);
+    CUresult rc = real(dptr, stream);
+    if (!had || rc != CUDA_SUCCESS) {
+        gs_free_end(rc, had, &gs_pointers, &e);
+        return rc;
+    }
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (capturing && capturing(stream, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)
+        return rc;
+    struct gs_ptr_entry *later = host_fn ? malloc(sizeof *later) : NULL;
+    if (later) {
+        *later = e;
+        if (host_fn(stream, give_back_in_stream_order, later) == CUDA_SUCCESS)
+            return rc;
+        free(later);
+    }
+    GS_DEBUG("cannot queue the release of %llu bytes behind their free; giving them back now",
+             (unsigned long long)e.bytes);
+    gs_free_entry(&e);
+    return rc;
 }
 
 GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemFreeAsync);
-    GS_FREE(gs_cu.cuMemFreeAsync(dptr, stream), dptr);
+    return free_async(gs_cu.cuMemFreeAsync, gs_cu.cuLaunchHostFunc, gs_cu.cuStreamIsCapturing, dptr, stream);
 }
 
 GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemFreeAsync_ptsz);
-    GS_FREE(gs_cu.cuMemFreeAsync_ptsz(dptr, stream), dptr);
+    return free_async(gs_cu.cuMemFreeAsync_ptsz, gs_cu.cuLaunchHostFunc_ptsz, gs_cu.cuStreamIsCapturing_ptsz, dptr,
+                      stream);
 }

@@ -4,9 +4,12 @@
  *   - cuGetProcAddress / _v2 (how the CUDA runtime gets every entry point since 11.3): the driver picks the
  *     versioned / per-thread-stream variant, and the shim swaps in the hook for exactly that variant, matched
  *     by address, so a _ptsz request reaches the driver's _ptsz entry point through its own hook.
+ * An allocation entry point the shim does not account (a newer version, an old one it does not hook) is refused
+ * at lookup, with a message naming it: memory never escapes the limit through a door the shim does not know.
  * cuGetExportTable is never intercepted. dlsym itself is in gs_dlsym.c. */
 #include <string.h>
 
+#include "gs_hooks.h"
 #include "gs_log.h"
 #include "gs_shim.h"
 
@@ -29,14 +32,31 @@ static const struct hook cuda_hooks[] = {GS_CUDA_HOOKED(GS_CUDA_ROW)};
 static const struct hook nvml_hooks[] = {GS_NVML_HOOKED(GS_NVML_ROW)};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* Base names (as passed to cuGetProcAddress) whose entry points the shim must see. */
+/* Base names (as passed to cuGetProcAddress) of the ways to take device memory; each is hooked in every version
+ * the shim knows. A lookup of one of these that the shim cannot answer with its hook fails. */
+static const char *const allocation_bases[] = {
+    "cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync",
+    "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMipmappedArrayCreate", "cuIpcOpenMemHandle",
+    "cuGraphAddMemAllocNode", "cuGraphAddNode", "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
+    "cuModuleLoadFatBinary", NULL};
+/* Other entry points the shim must see; an unknown variant of one of these is passed on with a warning. */
 static const char *const hooked_bases[] = {
-    "cuInit", "cuGetProcAddress", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuMemAlloc", "cuMemAllocPitch",
-    "cuMemAllocManaged", "cuMemFree", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
-    "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemCreate", "cuMemRelease", "cuMemGetInfo", "cuDeviceTotalMem",
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", NULL};
+    "cuInit", "cuGetProcAddress", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuMemFree", "cuMemFreeAsync",
+    "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemRelease", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayDestroy",
+    "cuMipmappedArrayDestroy", "cuIpcCloseMemHandle", "cuModuleUnload", "cuLaunchKernel",
+    "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", NULL};
+/* Names that start like an allocation base but take no device memory. */
+static const char *const not_device_memory[] = {"cuMemAllocHost", NULL};
 
-static void *hook_by_name(const char *symbol)
+static int listed(const char *const *names, const char *symbol)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], symbol))
+            return 1;
+    return 0;
+}
+
+void *gs_hook_by_name(const char *symbol)
 {
     if (symbol[0] == 'c') {
         for (size_t i = 0; i < COUNT(cuda_hooks); i++)
@@ -50,8 +70,22 @@ static void *hook_by_name(const char *symbol)
     return NULL;
 }
 
-/* The hook for the driver entry point p that cuGetProcAddress returned for symbol (or p itself). */
-static void *swap_entry(const char *symbol, void *p)
+int gs_unaccounted_allocation(const char *symbol)
+{
+    if (gs_hook_by_name(symbol))
+        return 0;
+    for (int i = 0; not_device_memory[i]; i++)
+        if (!strncmp(symbol, not_device_memory[i], strlen(not_device_memory[i])))
+            return 0;
+    for (int i = 0; allocation_bases[i]; i++)
+        if (!strncmp(symbol, allocation_bases[i], strlen(allocation_bases[i])))
+            return 1; /* the base itself, a versioned name (_v3) or a variant the shim does not know */
+    return 0;
+}
+
+/* The hook for the driver entry point p that cuGetProcAddress returned for symbol, p itself, or NULL when the
+ * lookup must fail: an allocation entry point in a version the shim does not hook. */
+static void *swap_entry(const char *symbol, int version, void *p)
 {
     for (size_t i = 0; i < COUNT(cuda_hooks); i++)
         if (*cuda_hooks[i].real == p)
@@ -59,14 +93,29 @@ static void *swap_entry(const char *symbol, void *p)
     for (size_t i = 0; i < COUNT(cuda_hooks); i++)
         if (cuda_hooks[i].hook == p)
             return p; /* the driver looked the name up globally and found the hook itself */
-    for (int i = 0; hooked_bases[i]; i++) {
-        if (!strcmp(hooked_bases[i], symbol)) {
-            GS_WARN("the driver returned an entry point for %s that the shim does not know; calls through it "
-                    "are not limited", symbol);
-            break;
-        }
+    if (listed(allocation_bases, symbol) || gs_unaccounted_allocation(symbol)) {
+        GS_ERROR("cuGetProcAddress(%s, version %d): the driver's entry point is not one the shim accounts "
+                 "(a version it does not know); refused, so that memory taken through it cannot escape the limit",
+                 symbol, version);
+        return NULL;
     }
+    if (listed(hooked_bases, symbol))
+        GS_WARN("cuGetProcAddress(%s, version %d): an entry point the shim does not know; calls through it are "
+                "not limited", symbol, version);
     return p;
+}
+
+static CUresult answer(CUresult rc, const char *symbol, void **pfn, int version,
+                       CUdriverProcAddressQueryResult *status)
+{
+    if (rc != CUDA_SUCCESS || !symbol || !pfn || !*pfn)
+        return rc;
+    *pfn = swap_entry(symbol, version, *pfn);
+    if (*pfn)
+        return rc;
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
 }
 
 GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
@@ -77,10 +126,7 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
         return rc;
     if (!gs_cu.cuGetProcAddress_v2)
         return CUDA_ERROR_NOT_SUPPORTED;
-    rc = gs_cu.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
-    if (rc == CUDA_SUCCESS && symbol && pfn && *pfn)
-        *pfn = swap_entry(symbol, *pfn);
-    return rc;
+    return answer(gs_cu.cuGetProcAddress_v2(symbol, pfn, version, flags, status), symbol, pfn, version, status);
 }
 
 GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
@@ -90,13 +136,5 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
         return rc;
     if (!gs_cu.cuGetProcAddress)
         return CUDA_ERROR_NOT_SUPPORTED;
-    rc = gs_cu.cuGetProcAddress(symbol, pfn, version, flags);
-    if (rc == CUDA_SUCCESS && symbol && pfn && *pfn)
-        *pfn = swap_entry(symbol, *pfn);
-    return rc;
-}
-
-void *gs_dlsym_hook(const char *symbol)
-{
-    return hook_by_name(symbol);
+    return answer(gs_cu.cuGetProcAddress(symbol, pfn, version, flags), symbol, pfn, version, NULL);
 }

@@ -27,6 +27,27 @@
     X(cuMemAllocPitch_v2, (CUdeviceptr * dptr, size_t *pitch, size_t width, size_t height, unsigned int elem))  \
     X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags))                             \
     X(cuMemFree_v2, (CUdeviceptr dptr))                                                                         \
+    X(cuMemAlloc, (CUdeviceptr_v1 * dptr, unsigned int bytesize))                                              \
+    X(cuMemFree, (CUdeviceptr_v1 dptr))                                                                         \
+    X(cuArrayCreate_v2, (CUarray * arr, const CUDA_ARRAY_DESCRIPTOR *desc))                                     \
+    X(cuArray3DCreate_v2, (CUarray * arr, const CUDA_ARRAY3D_DESCRIPTOR *desc))                                 \
+    X(cuArrayDestroy, (CUarray arr))                                                                            \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray * arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)) \
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray arr))                                                          \
+    X(cuIpcOpenMemHandle, (CUdeviceptr * dptr, CUipcMemHandle handle, unsigned int flags))                      \
+    X(cuIpcOpenMemHandle_v2, (CUdeviceptr * dptr, CUipcMemHandle handle, unsigned int flags))                   \
+    X(cuIpcCloseMemHandle, (CUdeviceptr dptr))                                                                  \
+    X(cuModuleLoad, (CUmodule * mod, const char *path))                                                         \
+    X(cuModuleLoadData, (CUmodule * mod, const void *image))                                                    \
+    X(cuModuleLoadDataEx, (CUmodule * mod, const void *image, unsigned int n, int *options, void **values))     \
+    X(cuModuleLoadFatBinary, (CUmodule * mod, const void *fatbin))                                              \
+    X(cuModuleUnload, (CUmodule mod))                                                                           \
+    X(cuGraphAddMemAllocNode, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,        \
+                               CUDA_MEM_ALLOC_NODE_PARAMS *params))                                             \
+    X(cuGraphAddNode, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,                \
+                       CUgraphNodeParams *params))                                                              \
+    X(cuGraphAddNode_v2, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, const void *edges,        \
+                          size_t ndeps, CUgraphNodeParams *params))                                             \
     X(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream stream))                                  \
     X(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream stream))                             \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream))       \
@@ -55,7 +76,12 @@
     X(cuDeviceGetUuid, (CUuuid * uuid, CUdevice dev))                                                     \
     X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev))                                                  \
     X(cuCtxGetDevice, (CUdevice * device))                                                                \
-    X(cuMemGetAllocationGranularity, (size_t * granularity, const CUmemAllocationProp *prop, int option))
+    X(cuMemGetAllocationGranularity, (size_t * granularity, const CUmemAllocationProp *prop, int option)) \
+    X(cuLaunchHostFunc, (CUstream stream, CUhostFn fn, void *data))                                       \
+    X(cuLaunchHostFunc_ptsz, (CUstream stream, CUhostFn fn, void *data))                                  \
+    X(cuStreamIsCapturing, (CUstream stream, int *status))                                                \
+    X(cuStreamIsCapturing_ptsz, (CUstream stream, int *status))                                           \
+    X(cuMemGetAddressRange_v2, (CUdeviceptr * base, size_t *size, CUdeviceptr dptr))
 
 #define GS_NVML_HOOKED(X)                                                            \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory))         \

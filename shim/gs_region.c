@@ -13,6 +13,7 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,11 +35,18 @@ int gs_region_ready(void)
     return __atomic_load_n(&region, __ATOMIC_ACQUIRE) != NULL;
 }
 
+/* Byte 0 of the file is the registration lock; byte GS_LEASE_BASE + i is slot i's lease, held (fcntl write
+ * lock) by the process that owns the slot for as long as it lives. */
+#define GS_LEASE_BASE 1
+
 /* Threads of this process exclude each other with the mutex, processes with the fcntl lock (per process, and
- * released by the kernel when the holder dies, however it dies). */
+ * released by the kernel when the holder dies, however it dies). region_fd is only set and read under the
+ * mutex. */
 void gs_region_lock(void)
 {
     pthread_mutex_lock(&thread_lock);
+    if (region_fd < 0)
+        return;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
     while (fcntl(region_fd, F_SETLKW, &fl) != 0) {
         if (errno != EINTR) {
@@ -51,27 +59,54 @@ void gs_region_lock(void)
 void gs_region_unlock(void)
 {
     struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-    fcntl(region_fd, F_SETLK, &fl);
+    if (region_fd >= 0)
+        fcntl(region_fd, F_SETLK, &fl);
     pthread_mutex_unlock(&thread_lock);
 }
 
-static int map_file(const char *path, int create)
+/* The accounting file must be a plain file of its own: not a symlink (O_NOFOLLOW), not a hard link to another
+ * container's file, not a device or FIFO. 0, or -1 with the reason logged. */
+static int check_file(int fd, const char *path)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
-    if (fd < 0) {
-        if (create)
-            GS_ERROR("cannot open the accounting file %s: %s", path, strerror(errno));
+    struct stat st;
+    /* The system call, not glibc's fstat: that symbol is versioned 2.33, and the shim loads down to 2.17. */
+    if (syscall(SYS_fstat, fd, &st) != 0) {
+        GS_ERROR("cannot stat the accounting file %s: %s", path, strerror(errno));
         return -1;
     }
-    if (fchmod(fd, 0666) != 0 && errno != EPERM) /* every user of the container accounts in the same file */
-        GS_DEBUG("cannot make %s writable for all: %s", path, strerror(errno));
-    region_fd = fd;
+    if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        GS_ERROR("the accounting file %s is not a plain file with one link (remove it; the shim creates it)", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Open, size, map and check the file, all under the mutex (so two threads never open it twice, and no error
+ * path closes a descriptor while another thread of this process holds a lock on the file: closing any
+ * descriptor of a file drops the process's fcntl locks on it). The file is made 0660 at most (umask applies):
+ * the processes of one container share a user or a group, nobody else needs it. */
+static int map_file(const char *path, int create)
+{
     pthread_mutex_lock(&thread_lock);
+    if (region) {
+        pthread_mutex_unlock(&thread_lock);
+        return 0;
+    }
+    int rc = -1;
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | (create ? O_CREAT : 0), 0660);
+    if (fd < 0) {
+        if (create || errno == ELOOP)
+            GS_ERROR("cannot open the accounting file %s: %s%s", path, strerror(errno),
+                     errno == ELOOP ? " (it is a symbolic link; remove it)" : "");
+        pthread_mutex_unlock(&thread_lock);
+        return -1;
+    }
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
     while (fcntl(fd, F_SETLKW, &fl) != 0 && errno == EINTR)
         ;
-    int rc = -1;
     void *addr = MAP_FAILED;
+    if (check_file(fd, path) != 0)
+        goto out;
     off_t size = lseek(fd, 0, SEEK_END);
     if (size < 0) {
         GS_ERROR("cannot size up the accounting file %s: %s", path, strerror(errno));
@@ -97,16 +132,15 @@ static int map_file(const char *path, int create)
         munmap(addr, sizeof(struct gs_region));
         goto out;
     }
+    region_fd = fd;
     __atomic_store_n(&region, r, __ATOMIC_RELEASE);
     rc = 0;
 out:
     fl.l_type = F_UNLCK;
     fcntl(fd, F_SETLK, &fl);
+    if (rc)
+        close(fd); /* never region_fd: nobody else can hold a lock through this descriptor */
     pthread_mutex_unlock(&thread_lock);
-    if (rc) {
-        close(fd);
-        region_fd = -1;
-    }
     return rc;
 }
 
@@ -118,6 +152,21 @@ int gs_region_open(const char *path)
 int gs_region_open_existing(const char *path)
 {
     return gs_region_ready() ? 0 : map_file(path, 0);
+}
+
+/* Slot i's lease: 1 while some other process holds it, 0 when nobody does, -1 when the kernel cannot say. */
+static int lease_held(uint32_t i)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = GS_LEASE_BASE + (off_t)i, .l_len = 1};
+    if (fcntl(region_fd, F_GETLK, &fl) != 0)
+        return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+static int take_lease(uint32_t i)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = GS_LEASE_BASE + (off_t)i, .l_len = 1};
+    return fcntl(region_fd, F_SETLK, &fl);
 }
 
 /* Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. 0 when unreadable. */
@@ -146,15 +195,20 @@ static uint64_t start_time(pid_t pid)
     return v;
 }
 
-static int slot_alive(const struct gs_slot *s)
+/* A slot is alive while its owner holds its lease: the kernel drops the lease when the owner dies, however
+ * it dies, whatever its pid namespace, and a reused pid cannot inherit it. Only when the kernel cannot answer
+ * are pid and start time compared, and a process whose start time cannot be read then counts as gone (it is
+ * never kept alive forever on a guess). */
+static int slot_alive(const struct gs_slot *s, uint32_t i)
 {
+    int held = lease_held(i);
+    if (held >= 0)
+        return held;
     pid_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
-    if (pid <= 0)
-        return 0;
-    if (kill(pid, 0) != 0 && errno == ESRCH)
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
         return 0;
     uint64_t now = start_time(pid);
-    return !(now && s->start_time && now != s->start_time); /* same pid, other process: the old one is gone */
+    return now && s->start_time && now == s->start_time;
 }
 
 static int reap_locked(void)
@@ -163,7 +217,7 @@ static int reap_locked(void)
     uint32_t n = __atomic_load_n(&region->nslots, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < n && i < GS_REGION_SLOTS; i++) {
         struct gs_slot *s = &region->slots[i];
-        if (s == my_slot || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) || slot_alive(s))
+        if (s == my_slot || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) || slot_alive(s, i))
             continue;
         for (int d = 0; d < GS_REGION_DEVICES; d++)
             __atomic_store_n(&s->used[d], 0, __ATOMIC_SEQ_CST);
@@ -210,8 +264,10 @@ static struct gs_slot *attach(void)
     reap_locked();
     uint32_t n = __atomic_load_n(&region->nslots, __ATOMIC_ACQUIRE);
     uint32_t i;
-    for (i = 0; i < n && i < GS_REGION_SLOTS && __atomic_load_n(&region->slots[i].pid, __ATOMIC_ACQUIRE); i++)
-        ;
+    /* A free slot whose lease this process can take (an exiting owner may still hold it for a moment). */
+    for (i = 0; i < GS_REGION_SLOTS; i++)
+        if (!__atomic_load_n(&region->slots[i].pid, __ATOMIC_ACQUIRE) && take_lease(i) == 0)
+            break;
     if (i < GS_REGION_SLOTS) {
         s = &region->slots[i];
         for (int d = 0; d < GS_REGION_DEVICES; d++)
@@ -222,8 +278,8 @@ static struct gs_slot *attach(void)
             __atomic_store_n(&region->nslots, i + 1, __ATOMIC_SEQ_CST);
         __atomic_store_n(&my_slot, s, __ATOMIC_RELEASE);
     } else {
-        GS_ERROR("more than %d processes of this container use CUDA at once; allocations are refused",
-                 GS_REGION_SLOTS);
+        GS_ERROR("more than %d processes of this container use CUDA at once (or the accounting file cannot be "
+                 "locked); allocations are refused", GS_REGION_SLOTS);
     }
     gs_region_unlock();
     return s;

@@ -19,7 +19,12 @@ HOOKED = {
     "cuMemGetInfo_v2", "cuDeviceTotalMem_v2", "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx",
     "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch",
     "cuGraphLaunch_ptsz", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", "dlsym",
-    "gpushare_throttle_stats",
+    "gpushare_throttle_stats", "gpushare_share_stats",
+    # every other way to take device memory
+    "cuMemAlloc", "cuMemFree", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuArrayDestroy", "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuModuleLoad",
+    "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuGraphAddMemAllocNode",
+    "cuGraphAddNode", "cuGraphAddNode_v2",
 }
 
 

@@ -28,7 +28,7 @@ def node(tmp_path):
 @pytest.mark.parametrize("mode", MODES)
 def test_out_of_memory_exactly_at_the_limit_and_not_before(node, mode):
     env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1000m")
-    steps = run(env, "init", "ctx", 0, "alloc", "999m", "alloc", "1m", "alloc", 1, "meminfo", mode=mode)
+    steps = run(env, "init", "ctx", 0, "alloc", "998m", "alloc", "2m", "alloc", 1, "meminfo", mode=mode)
     assert [s["rc"] for s in steps[2:5]] == [CUDA_SUCCESS, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
     assert steps[5]["free"] == 0 and steps[5]["total"] == 1000 * MiB
 
@@ -43,11 +43,24 @@ def test_every_device_allocation_kind_stops_at_the_limit(node, mode, kind):
 
 
 def test_pitched_allocations_count_their_padded_rows(node):
-    # 1000-byte rows are padded to 1024 by the (fake) driver: 1024 rows take 1 MiB.
-    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="3m"), "init", "ctx", 0,
-                "pitch", 1000, 1024, "pitch", 1000, 1024, "meminfo", "pitch", 1000, 1024, "pitch", 1000, 1024)
+    # 1000-byte rows are padded to 1024 by the (fake) driver: 2048 rows take 2 MiB, one granule.
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="6m"), "init", "ctx", 0,
+                "pitch", 1000, 2048, "pitch", 1000, 2048, "meminfo", "pitch", 1000, 2048, "pitch", 1000, 2048)
     assert [s["rc"] for s in steps if s["op"] == "pitch"] == [0, 0, 0, CUDA_ERROR_OUT_OF_MEMORY]
-    assert steps[4]["free"] == 1 * MiB
+    assert steps[4]["free"] == 2 * MiB
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_small_allocations_are_charged_what_the_driver_reserves(node, mode):
+    # The driver takes device memory in 2 MiB granules: a 1-byte allocation holds 2 MiB of the GPU. Charging
+    # the requested bytes would let a container hold far more than its limit; charging granules matches the
+    # driver, which here is exactly the size of the limit and never has to refuse.
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="6m"), "init", "ctx", 0,
+                "alloc", 1, "alloc", 1, "pitch", 1000, 1, "meminfo", "alloc", 1, "counters", mode=mode)
+    assert [s["rc"] for s in steps[2:5]] == [CUDA_SUCCESS] * 3
+    assert steps[5]["free"] == 0
+    assert steps[6]["rc"] == CUDA_ERROR_OUT_OF_MEMORY and steps[7]["mem_oom"] == 0
+    assert node.driver.memory_used(0) == 0  # and the process gave it all back when it ended
 
 
 def test_async_allocation_over_the_limit_is_out_of_memory_on_both_stream_kinds(node):
@@ -60,9 +73,10 @@ def test_async_allocation_over_the_limit_is_out_of_memory_on_both_stream_kinds(n
 
 @pytest.mark.parametrize("mode", ["gpa", "linked"])
 def test_frees_give_the_room_back(node, mode):
+    # Stream-ordered frees give the room back once the stream has done them: after a synchronisation.
     steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0,
                 "fill", "alloc", "128m", "free", "alloc", "128m", "alloc", "128m",
-                "freeall", "fill", "async", "256m", "freeall", "fill", "create", "512m", mode=mode)
+                "freeall", "fill", "async", "256m", "freeall", "sync", "fill", "create", "512m", mode=mode)
     fills = [s for s in steps if s["op"] == "fill"]
     assert [f["bytes"] for f in fills] == [GiB, GiB, GiB]
     allocs = [s["rc"] for s in steps if s["op"] == "alloc"]

@@ -62,6 +62,32 @@ CUresult impl_cuLaunchCooperativeKernel_ptsz(COOP_PARAMS);
 CUresult impl_cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult impl_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 CUresult impl_cuStreamSynchronize(CUstream stream);
+CUresult impl_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult impl_cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                              unsigned int elem);
+CUresult impl_cuMemFree(CUdeviceptr_v1 dptr);
+CUresult impl_cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option);
+CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
+CUresult impl_cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc);
+CUresult impl_cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc);
+CUresult impl_cuArrayDestroy(CUarray arr);
+CUresult impl_cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels);
+CUresult impl_cuMipmappedArrayDestroy(CUmipmappedArray arr);
+CUresult impl_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr);
+CUresult impl_cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
+CUresult impl_cuIpcCloseMemHandle(CUdeviceptr dptr);
+CUresult impl_cuModuleLoad(CUmodule *mod, const char *path);
+CUresult impl_cuModuleLoadData(CUmodule *mod, const void *image);
+CUresult impl_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, int *options, void **values);
+CUresult impl_cuModuleUnload(CUmodule mod);
+CUresult impl_cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult impl_cuGraphDestroy(CUgraph graph);
+CUresult impl_cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                     CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUresult impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data);
+CUresult impl_cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data);
+CUresult impl_cuStreamIsCapturing(CUstream stream, int *status);
+CUresult impl_cuStreamIsCapturing_ptsz(CUstream stream, int *status);
 CUresult impl_cuStreamSynchronize_ptsz(CUstream stream);
 
 #pragma GCC visibility pop

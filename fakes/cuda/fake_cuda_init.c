@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_cuda_api.h"
+#include "fake_cuda_mem.h"
 
 struct fake_gpu_state *fake_state;
 int fake_initialised;
@@ -377,6 +377,7 @@ CUresult impl_cuCtxSynchronize(void)
     if (rc)
         return rc;
     fake_sim_drain(dev);
+    fake_host_calls_wait();
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuCtxSynchronize)

@@ -1,10 +1,11 @@
-/* Fake driver: device memory. Allocations hand out made-up addresses and take the bytes from the simulated
- * GPU's shared `mem_used_bytes`, so every process on the fake node sees the same free memory. */
+/* Fake driver: device memory. Allocations hand out made-up addresses and take the bytes, rounded up to the
+ * allocation granularity as the real driver takes them, from the simulated GPU's shared `mem_used_bytes`, so
+ * every process on the fake node sees the same free memory. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_cuda_api.h"
+#include "fake_cuda_mem.h"
 
 #define PITCH_ALIGN 512
 #define HANDLE_TAG (1ULL << 62)
@@ -24,6 +25,7 @@ static struct {
 } map = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
 
 static uint64_t next_address = 0x7f0000000000ULL;
+static uint64_t next_low_address = 0x10000000ULL; /* 32-bit device pointers (cuMemAlloc v1) */
 static uint64_t next_handle = 1;
 
 struct fake_pool {
@@ -150,27 +152,66 @@ void fake_mem_give(int dev, uint64_t bytes)
     __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
 }
 
-/* Allocate `bytes` on dev (-1: host memory, not charged) and return its address. */
-static CUresult allocate(CUdeviceptr *dptr, uint64_t bytes, int dev)
+uint64_t fake_mem_new_address(uint64_t bytes)
 {
-    if (!dptr || bytes == 0)
+    uint64_t span = (bytes + PITCH_ALIGN - 1) & ~(uint64_t)(PITCH_ALIGN - 1);
+    return __atomic_fetch_add(&next_address, span ? span : PITCH_ALIGN, __ATOMIC_RELAXED);
+}
+
+CUresult fake_mem_alloc(uint64_t *out, uint64_t bytes, int dev, int low)
+{
+    if (!out || bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (dev >= 0)
+        bytes = (bytes + FAKE_CUDA_GRANULARITY - 1) & ~(FAKE_CUDA_GRANULARITY - 1);
     CUresult rc = dev >= 0 ? fake_mem_take(dev, bytes) : CUDA_SUCCESS;
     if (rc)
         return rc;
-    uint64_t span = (bytes + PITCH_ALIGN - 1) & ~(uint64_t)(PITCH_ALIGN - 1);
-    uint64_t addr = __atomic_fetch_add(&next_address, span, __ATOMIC_RELAXED);
+    uint64_t addr;
+    if (low) {
+        addr = __atomic_fetch_add(&next_low_address, bytes, __ATOMIC_RELAXED);
+        if (addr + bytes > (1ULL << 32)) {
+            if (dev >= 0)
+                fake_mem_give(dev, bytes);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        addr = fake_mem_new_address(bytes);
+    }
     if (map_put(addr, bytes, dev)) {
         if (dev >= 0)
             fake_mem_give(dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     __atomic_fetch_add(&fake_counters.live_bytes, bytes, __ATOMIC_RELAXED);
-    *dptr = addr;
+    *out = addr;
     return CUDA_SUCCESS;
 }
 
-static CUresult release(uint64_t key)
+static CUresult allocate(CUdeviceptr *dptr, uint64_t bytes, int dev)
+{
+    return fake_mem_alloc((uint64_t *)dptr, bytes, dev, 0);
+}
+
+int fake_mem_lookup(uint64_t addr, uint64_t *bytes, int *dev)
+{
+    int found = 0;
+    pthread_mutex_lock(&map.lock);
+    if (map.cap) {
+        size_t i = slot_of(addr, map.cap);
+        while (map.slots[i].key && map.slots[i].key != addr)
+            i = (i + 1) & (map.cap - 1);
+        if (map.slots[i].key == addr) {
+            *bytes = map.slots[i].bytes;
+            *dev = map.slots[i].dev;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&map.lock);
+    return found;
+}
+
+CUresult fake_mem_free(uint64_t key)
 {
     struct entry e;
     if (!map_take(key, &e))
@@ -208,6 +249,21 @@ CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
 }
 FAKE_EXPORT(cuMemAllocPitch_v2)
 
+/* The CUDA 3.1 cuMemAllocPitch (the shim does not hook it: its tests use it as a version the shim does not know). */
+CUresult impl_cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                              unsigned int elem)
+{
+    CUdeviceptr addr = 0;
+    size_t p = 0;
+    CUresult rc = dptr ? impl_cuMemAllocPitch_v2(&addr, &p, width, height, elem) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        *dptr = (CUdeviceptr_v1)addr;
+        *pitch = (unsigned int)p;
+    }
+    return rc;
+}
+FAKE_EXPORT(cuMemAllocPitch)
+
 CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     (void)flags;
@@ -221,9 +277,57 @@ CUresult impl_cuMemFree_v2(CUdeviceptr dptr)
     FAKE_COUNT(mem_free);
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return release(dptr);
+    return fake_mem_free(dptr);
 }
 FAKE_EXPORT(cuMemFree_v2)
+
+/* The CUDA 3.1 entry points: 32-bit device pointers. */
+CUresult impl_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    FAKE_COUNT(mem_alloc);
+    int dev;
+    uint64_t addr = 0;
+    CUresult rc = dptr ? fake_current_device(&dev) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && (rc = fake_mem_alloc(&addr, bytesize, dev, 1)) == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr_v1)addr;
+    return rc;
+}
+FAKE_EXPORT(cuMemAlloc)
+
+CUresult impl_cuMemFree(CUdeviceptr_v1 dptr)
+{
+    FAKE_COUNT(mem_free);
+    return fake_initialised ? fake_mem_free(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+FAKE_EXPORT(cuMemFree)
+
+CUresult impl_cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
+{
+    (void)option;
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!granularity || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = FAKE_CUDA_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuMemGetAllocationGranularity)
+
+CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+    uint64_t bytes;
+    int dev;
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_mem_lookup(dptr, &bytes, &dev))
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = dptr;
+    if (size)
+        *size = bytes;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuMemGetAddressRange_v2)
 
 CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
@@ -271,7 +375,7 @@ CUresult impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     (void)stream;
     FAKE_COUNT(mem_free_async);
-    return fake_initialised ? release(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+    return fake_initialised ? fake_mem_free(dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 FAKE_EXPORT(cuMemFreeAsync)
 
@@ -279,7 +383,7 @@ CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
     (void)stream;
     FAKE_COUNT(mem_free_async_ptsz);
-    return fake_initialised ? release(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+    return fake_initialised ? fake_mem_free(dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 FAKE_EXPORT(cuMemFreeAsync_ptsz)
 
@@ -325,6 +429,8 @@ CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, con
             return CUDA_ERROR_INVALID_DEVICE;
         dev = prop->location.id;
     }
+    if (size % FAKE_CUDA_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE; /* as the real driver: a multiple of the granularity */
     CUresult rc = dev >= 0 ? fake_mem_take(dev, size) : CUDA_SUCCESS;
     if (rc)
         return rc;
@@ -345,7 +451,7 @@ CUresult impl_cuMemRelease(CUmemGenericAllocationHandle handle)
     FAKE_COUNT(mem_release);
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return (handle & HANDLE_TAG) ? release(handle) : CUDA_ERROR_INVALID_VALUE;
+    return (handle & HANDLE_TAG) ? fake_mem_free(handle) : CUDA_ERROR_INVALID_VALUE;
 }
 FAKE_EXPORT(cuMemRelease)
 

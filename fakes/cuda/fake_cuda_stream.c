@@ -1,0 +1,117 @@
+/* Fake driver: host functions in stream order. cuLaunchHostFunc runs the function on a thread of its own once
+ * the work this process queued on the GPU before it has finished (the simulated GPU's queue), as the real driver
+ * runs it when the stream reaches it; cuCtxSynchronize waits for them too. Streams are never captured here. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "fake_cuda_api.h"
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pending_done = PTHREAD_COND_INITIALIZER;
+static int pending; /* host functions queued and not yet run */
+
+static void child_after_fork(void)
+{
+    pthread_mutex_init(&pending_lock, NULL);
+    pthread_cond_init(&pending_done, NULL);
+    pending = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+void fake_host_calls_wait(void)
+{
+    pthread_mutex_lock(&pending_lock);
+    while (pending)
+        pthread_cond_wait(&pending_done, &pending_lock);
+    pthread_mutex_unlock(&pending_lock);
+}
+
+struct host_call {
+    CUhostFn fn;
+    void *data;
+    int dev; /* -1: no current context, nothing to wait for */
+};
+
+static void *run_host_call(void *arg)
+{
+    struct host_call *c = arg;
+    if (c->dev >= 0)
+        fake_sim_drain(c->dev);
+    c->fn(c->data);
+    free(c);
+    pthread_mutex_lock(&pending_lock);
+    if (--pending == 0)
+        pthread_cond_broadcast(&pending_done);
+    pthread_mutex_unlock(&pending_lock);
+    return NULL;
+}
+
+static CUresult host_func(CUstream stream, CUhostFn fn, void *data)
+{
+    (void)stream;
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct host_call *c = malloc(sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct host_call){fn, data, -1};
+    if (fake_current_device(&c->dev) != CUDA_SUCCESS)
+        c->dev = -1;
+    pthread_mutex_lock(&pending_lock);
+    pending++;
+    pthread_mutex_unlock(&pending_lock);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int err = pthread_create(&t, &attr, run_host_call, c);
+    pthread_attr_destroy(&attr);
+    if (err) {
+        free(c);
+        pthread_mutex_lock(&pending_lock);
+        pending--;
+        pthread_mutex_unlock(&pending_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data)
+{
+    return host_func(stream, fn, data);
+}
+FAKE_EXPORT(cuLaunchHostFunc)
+
+CUresult impl_cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data)
+{
+    return host_func(stream, fn, data);
+}
+FAKE_EXPORT(cuLaunchHostFunc_ptsz)
+
+static CUresult is_capturing(int *status)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return fake_initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+CUresult impl_cuStreamIsCapturing(CUstream stream, int *status)
+{
+    (void)stream;
+    return is_capturing(status);
+}
+FAKE_EXPORT(cuStreamIsCapturing)
+
+CUresult impl_cuStreamIsCapturing_ptsz(CUstream stream, int *status)
+{
+    (void)stream;
+    return is_capturing(status);
+}
+FAKE_EXPORT(cuStreamIsCapturing_ptsz)

@@ -1,0 +1,97 @@
+/* Module loads (cuModuleLoad, cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary): a module's global
+ * variables, constant banks and code take device memory the driver allocates itself. The shim cannot list a
+ * module's globals, so it charges what the load really took: the GPU's free memory before the load minus after
+ * (cuMemGetInfo), rounded to the granularity, measured with this process's other loads held back. A load that
+ * does not fit is unloaded and answered out of memory; cuModuleUnload gives the charge back.
+ * Measured across the whole GPU, the figure includes what other processes allocated or freed during the load:
+ * it can err either way by that much. Libraries loaded with cuLibraryLoad* (lazy loading) are not measured. */
+#include "gs_alloc.h"
+
+static struct gs_ptrmap gs_modules = GS_PTRMAP_INIT;
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void child_after_fork(void)
+{
+    pthread_mutex_init(&load_lock, NULL);
+    gs_ptrmap_reset(&gs_modules);
+}
+GS_ON_FORK_CHILD(child_after_fork)
+
+static uint64_t free_now(void)
+{
+    size_t free_b = 0, total = 0;
+    if (!gs_cu.cuMemGetInfo_v2 || gs_cu.cuMemGetInfo_v2(&free_b, &total) != CUDA_SUCCESS)
+        return 0;
+    return free_b;
+}
+
+#define GS_MODULE_LOAD(call, mod)                                                          \
+    do {                                                                                   \
+        int d_;                                                                            \
+        CUresult rc_ = gs_alloc_target(&d_);                                               \
+        if (rc_)                                                                           \
+            return rc_;                                                                    \
+        if (d_ < 0 || !(mod))                                                              \
+            return (call);                                                                 \
+        int tracked_;                                                                      \
+        if ((rc_ = gs_alloc_begin(d_, 0, &tracked_)) != CUDA_SUCCESS)                      \
+            return rc_; /* a blocked GPU, or the context does not fit */                   \
+        if (!tracked_)                                                                     \
+            return (call);                                                                 \
+        pthread_mutex_lock(&load_lock);                                                    \
+        uint64_t before_ = free_now();                                                     \
+        rc_ = (call);                                                                      \
+        uint64_t after_ = free_now();                                                      \
+        pthread_mutex_unlock(&load_lock);                                                  \
+        if (rc_ != CUDA_SUCCESS)                                                           \
+            return rc_;                                                                    \
+        uint64_t charge_ = before_ > after_ ? gs_charge_size(d_, before_ - after_) : 0;    \
+        if (!charge_)                                                                      \
+            return rc_;                                                                    \
+        rc_ = gs_alloc_begin(d_, charge_, &tracked_);                                      \
+        if (rc_ == CUDA_SUCCESS)                                                           \
+            rc_ = gs_alloc_end(CUDA_SUCCESS, tracked_, d_, charge_, &gs_modules,           \
+                               (uintptr_t) * (mod));                                       \
+        if (rc_ != CUDA_SUCCESS) {                                                         \
+            gs_cu.cuModuleUnload(*(mod));                                                  \
+            *(mod) = NULL;                                                                 \
+        }                                                                                  \
+        return rc_;                                                                        \
+    } while (0)
+
+#define GS_MODULE_ENTER(name)                \
+    do {                                     \
+        GS_ENTER_OR_RETURN(name);            \
+        if (!gs_cu.cuModuleUnload)           \
+            return CUDA_ERROR_NOT_SUPPORTED; \
+    } while (0)
+
+GS_EXPORT CUresult cuModuleLoad(CUmodule *mod, const char *path)
+{
+    GS_MODULE_ENTER(cuModuleLoad);
+    GS_MODULE_LOAD(gs_cu.cuModuleLoad(mod, path), mod);
+}
+
+GS_EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image)
+{
+    GS_MODULE_ENTER(cuModuleLoadData);
+    GS_MODULE_LOAD(gs_cu.cuModuleLoadData(mod, image), mod);
+}
+
+GS_EXPORT CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, int *options, void **values)
+{
+    GS_MODULE_ENTER(cuModuleLoadDataEx);
+    GS_MODULE_LOAD(gs_cu.cuModuleLoadDataEx(mod, image, n, options, values), mod);
+}
+
+GS_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *mod, const void *fatbin)
+{
+    GS_MODULE_ENTER(cuModuleLoadFatBinary);
+    GS_MODULE_LOAD(gs_cu.cuModuleLoadFatBinary(mod, fatbin), mod);
+}
+
+GS_EXPORT CUresult cuModuleUnload(CUmodule mod)
+{
+    GS_ENTER_OR_RETURN(cuModuleUnload);
+    GS_UNTRACK(&gs_modules, (uintptr_t)mod, gs_cu.cuModuleUnload(mod));
+}
