@@ -1,4 +1,6 @@
-"""The compute share: launches slow down to the configured share of the (fake) GPU's measured utilisation."""
+"""The compute share of one process: launches slow down to the share of the (fake) GPU's time under `force`, every
+launch entry point passes the gate, and the gate follows the GPU launched on. Containers side by side:
+tests/test_shim_share.py."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def node(tmp_path):
 
 @pytest.mark.parametrize("share", [30, 60])
 def test_launches_slow_down_to_the_share(node, share):
-    steps = run(node.env(CUDA_DEVICE_SM_LIMIT=share), "init", "ctx", 0, "launchfor", "launch", 1500, 100)
+    steps = run(node.env(CUDA_DEVICE_SM_LIMIT=share, GPU_CORE_UTILIZATION_POLICY="force"), "init", "ctx", 0,
+                "launchfor", "launch", 1500, 100)
     per_100ms = steps[2]["per_100ms"]
     settled = per_100ms[7:]  # after the controller's first steps
     achieved = sum(settled) / len(settled) / FULL_SPEED_PER_100MS
@@ -48,14 +51,12 @@ def test_core_policy(node, policy, active):
 
 @pytest.mark.parametrize("mode", ["gpa", "gpa-ptsz", "dlsym", "linked"])
 @pytest.mark.parametrize("kind", ["launch", "launchex", "coop", "graph"])
-def test_every_launch_path_reaches_its_own_entry_point_and_is_held_back(tmp_path, mode, kind):
-    # Kernels take no time here, but the GPU reads 100 % busy: at a 20 % share the gate must make launches wait.
-    node = make_node(tmp_path)
-    node.driver.set_utilization(0, 100)
+def test_every_launch_path_reaches_its_own_entry_point_and_is_held_back(node, mode, kind):
+    # The process keeps the fake GPU busy: at a 20 % share the gate must make launches wait.
     limits = contract.Limits(devices=(contract.DeviceLimit(node.uuid(0), 0, 20),
-                                      contract.DeviceLimit(node.uuid(1), 0, 100)))
+                                      contract.DeviceLimit(node.uuid(1), 0, 100)), core_policy="force")
     env = node.env(GPUSHARE_LIMITS_FILE=node.write_limits(limits))
-    steps = run(env, "init", "ctx", 0, "launchfor", kind, 400, 8, "counters", "stats", 0, mode=mode)
+    steps = run(env, "init", "ctx", 0, "launchfor", kind, 600, 100, "counters", "stats", 0, mode=mode)
     launched, counters, stats = steps[2], steps[3], steps[4]
     assert launched["rc"] == CUDA_SUCCESS
     entry = {"launch": "launch", "launchex": "launch_ex", "coop": "launch_coop", "graph": "graph_launch"}[kind]
@@ -67,7 +68,7 @@ def test_every_launch_path_reaches_its_own_entry_point_and_is_held_back(tmp_path
 
 def test_throttling_follows_the_gpu_it_launches_on(node):
     limits = contract.Limits(devices=(contract.DeviceLimit(node.uuid(0), 0, 100),
-                                      contract.DeviceLimit(node.uuid(1), 0, 30)))
+                                      contract.DeviceLimit(node.uuid(1), 0, 30)), core_policy="force")
     env = node.env(GPUSHARE_LIMITS_FILE=node.write_limits(limits))
     free = run(env, "init", "ctx", 0, "launchfor", "launch", 600, 100)[2]["per_100ms"]
     held = run(env, "init", "ctx", 1, "launchfor", "launch", 1200, 100)[2]["per_100ms"]

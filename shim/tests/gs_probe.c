@@ -14,7 +14,7 @@
  *   launchfor KIND MS GRID launches of KIND for MS milliseconds, with per-100-ms counts
  *   forkfill N KIND CHUNK  fork N children that each fill; the parent reports what each obtained
  *   hammer T N MAX         T threads each make N random allocations (1 byte..MAX) and frees, keeping up to 8
- *   counters               the fake driver's counters      stats D       the shim's throttle counters for GPU D
+ *   counters               the fake driver's counters      stats D       the shim's compute share on GPU D
  *   ready                  print {"op":"ready"} and wait for a line on stdin     sleep MS
  * libcuda: $GS_PROBE_LIBCUDA (default libcuda.so.1). Exit status 0 unless the command line is wrong.
  */
@@ -271,25 +271,28 @@ static void print_counters(void)
     printf("}\n");
 }
 
-struct throttle_stats {
+struct throttle_stats { /* gs_throttle.h's struct gpushare_throttle_stats */
     int64_t rate;
     uint64_t spent, draws, waits;
     int active, sm_limit;
+    int allowed, used_pct, gpu_pct, nvml_pid;
 };
 
 static void print_stats(int dev)
 {
-    int (*get)(int, struct throttle_stats *) =
-        (int (*)(int, struct throttle_stats *))dlsym(RTLD_DEFAULT, "gpushare_throttle_stats");
+    int (*get)(int, struct throttle_stats *, size_t) =
+        (int (*)(int, struct throttle_stats *, size_t))dlsym(RTLD_DEFAULT, "gpushare_share_stats");
     struct throttle_stats s;
-    if (!get || get(dev, &s)) {
+    if (!get || get(dev, &s, sizeof s)) {
         printf("{\"op\":\"stats\",\"shim\":false}\n");
         return;
     }
     printf("{\"op\":\"stats\",\"shim\":true,\"rate\":%lld,\"spent\":%llu,\"draws\":%llu,\"waits\":%llu,"
-           "\"active\":%d,\"sm_limit\":%d}\n",
+           "\"active\":%d,\"sm_limit\":%d,\"allowed\":%d,\"used_pct\":%d,\"gpu_pct\":%d,\"nvml_pid\":%d,"
+           "\"pid\":%d}\n",
            (long long)s.rate, (unsigned long long)s.spent, (unsigned long long)s.draws,
-           (unsigned long long)s.waits, s.active, s.sm_limit);
+           (unsigned long long)s.waits, s.active, s.sm_limit, s.allowed, s.used_pct, s.gpu_pct, s.nvml_pid,
+           (int)getpid());
 }
 
 static void nvml_info(int index)
