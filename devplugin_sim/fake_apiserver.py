@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from devplugin_sim.fake_apiserver_http import EVENTS, NODES, PODS, Request, Server
-from devplugin_sim.fake_apiserver_store import Store, merge_patch
+from devplugin_sim.fake_apiserver_store import Store, merge_object
 
 __all__ = ["FakeApiserver", "Request"]
 DOWN_MODES = ("refuse", "reset", "503")
@@ -178,14 +178,14 @@ class FakeApiserver:
         return self.store.create(PODS, ns, pod)
 
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> dict:
-        return self.store.update(PODS, namespace, name, lambda p: merge_patch(p, {"status": {"phase": phase}}))
+        return self.store.update(PODS, namespace, name, lambda p: merge_object(p, {"status": {"phase": phase}}))
 
     def patch_pod(self, namespace: str, name: str, patch: dict) -> dict:
         """A JSON merge patch, as a controller would apply it."""
-        return self.store.update(PODS, namespace, name, lambda p: merge_patch(p, patch))
+        return self.store.update(PODS, namespace, name, lambda p: merge_object(p, patch))
 
     def patch_node(self, name: str, patch: dict) -> dict:
-        return self.store.update(NODES, "", name, lambda n: merge_patch(n, patch))
+        return self.store.update(NODES, "", name, lambda n: merge_object(n, patch))
 
     def delete_pod(self, namespace: str, name: str) -> dict:
         return self.store.delete(PODS, namespace, name)

@@ -19,7 +19,7 @@ from devplugin_sim.fake_apiserver_store import (
     Change,
     json_patch,
     matches,
-    merge_patch,
+    merge_object,
     parse_selector,
 )
 
@@ -179,7 +179,7 @@ class Handler(BaseHTTPRequestHandler):
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", f"a {ctype} body must be a JSON object")
-                return self._send(200, store.update(resource, ns, name, lambda old: merge_patch(old, body)))
+                return self._send(200, store.update(resource, ns, name, lambda old: merge_object(old, body)))
             raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
         if method == "DELETE" and name:
             uid = (((body or {}).get("preconditions")) or {}).get("uid", "")

@@ -109,6 +109,13 @@ def merge_patch(target: object, patch: object) -> object:
     return out
 
 
+def merge_object(target: dict, patch: dict) -> dict:
+    """merge_patch of an object by an object (always an object)."""
+    out = merge_patch(target, patch)
+    assert isinstance(out, dict)
+    return out
+
+
 def _pointer(path: str) -> list[str]:
     if not path.startswith("/"):
         raise ApiError(422, "Invalid", f"JSON patch path {path!r} must start with /")
@@ -158,7 +165,10 @@ def _resolve(doc: object, parts: list[str], remove: bool = False) -> object:
             parent = cur
             cur = cur[int(part)] if isinstance(cur, list) else cur[part]  # type: ignore[index]
             if remove and i == len(parts) - 1:
-                parent.pop(int(part) if isinstance(parent, list) else part)  # type: ignore[union-attr]
+                if isinstance(parent, list):
+                    parent.pop(int(part))
+                elif isinstance(parent, dict):
+                    parent.pop(part)
     except (KeyError, IndexError, ValueError, TypeError):
         raise ApiError(422, "Invalid", f"JSON patch path /{'/'.join(parts)} does not exist") from None
     return cur

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from kubernetes import client
 
@@ -109,7 +110,10 @@ class PodCache:
         with self._lock:  # a LIST not started yet is fresh enough for this call; a running one may not be
             future = self._next
             if future is None or future.running() or future.done():
-                future = self._next = self._executor.submit(self._direct_list, budget_s)
+                try:
+                    future = self._next = self._executor.submit(self._direct_list, budget_s)
+                except RuntimeError:  # stopped
+                    return None
         try:
             return future.result(timeout=budget_s)
         except FutureTimeout:
@@ -121,7 +125,7 @@ class PodCache:
         return None
 
     def _direct_list(self, timeout_s: float) -> list[PodRequest]:
-        resp = self._list_fn(_preload_content=False, _request_timeout=(timeout_s, timeout_s))
+        resp: Any = self._list_fn(_preload_content=False, _request_timeout=(timeout_s, timeout_s))
         doc = json.loads(resp.data)
         self._replace(list(doc.get("items") or []), _rv(doc))
         return self.pods()

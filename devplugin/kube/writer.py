@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -214,7 +215,7 @@ class KubeWriter:
             elif isinstance(item, _Event) and status == 404:
                 log.info("event dropped: its namespace is gone", extra={"fields": {**fields, "status": status}})
             else:
-                log.error("apiserver refused a write (HTTP %s %s): dropped; %s", status, exc.reason,
+                log.error("apiserver refused a write (HTTP %s %s): dropped; %s", status, getattr(exc, "reason", ""),
                           _hint(status), extra={"fields": {**fields, "status": status}})
             return False
         self.failures += 1
@@ -224,20 +225,21 @@ class KubeWriter:
         return True
 
     def _send(self, item: _Patch | _Event) -> None:
-        opts = {"_preload_content": False, "_request_timeout": self._timeout}
         if isinstance(item, _Patch):
             meta: dict[str, object] = {"annotations": item.annotations}
             if item.uid:
                 meta["uid"] = item.uid  # a precondition: a pod of the same name but another uid answers 409
             if item.kind == "Pod":
                 self._core.patch_namespaced_pod(item.name, item.namespace, {"metadata": meta},
-                                                _content_type=MERGE_PATCH, **opts)
+                                                _content_type=MERGE_PATCH, _preload_content=False,
+                                                _request_timeout=self._timeout)
             else:
-                self._core.patch_node(item.name, {"metadata": meta}, _content_type=MERGE_PATCH, **opts)
+                self._core.patch_node(item.name, {"metadata": meta}, _content_type=MERGE_PATCH,
+                                      _preload_content=False, _request_timeout=self._timeout)
             return
-        self._send_event(item, opts)
+        self._send_event(item)
 
-    def _send_event(self, ev: _Event, opts: dict) -> None:
+    def _send_event(self, ev: _Event) -> None:
         inv = ev.involved
         key = (inv["kind"], inv["namespace"], inv["name"], inv["uid"], ev.type, ev.reason, ev.message)
         namespace = inv["namespace"] or "default"
@@ -246,7 +248,8 @@ class KubeWriter:
             ns, name, count = sent
             try:
                 self._core.patch_namespaced_event(name, ns, {"count": count + ev.repeats, "lastTimestamp": ev.last},
-                                                  _content_type=MERGE_PATCH, **opts)
+                                                  _content_type=MERGE_PATCH, _preload_content=False,
+                                                  _request_timeout=self._timeout)
                 self._remember(key, (ns, name, count + ev.repeats))
                 return
             except ApiException as exc:
@@ -261,7 +264,8 @@ class KubeWriter:
             "reportingComponent": self.component, "reportingInstance": self.node_name or socket.gethostname(),
             "firstTimestamp": ev.first, "lastTimestamp": ev.last, "count": ev.repeats,
         }
-        self._core.create_namespaced_event(namespace, body, **opts)
+        self._core.create_namespaced_event(namespace, cast(Any, body), _preload_content=False,
+                                           _request_timeout=self._timeout)
         self._remember(key, (namespace, name, ev.repeats))
 
     def _remember(self, key: tuple, value: tuple[str, str, int]) -> None:
