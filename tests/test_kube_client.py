@@ -61,3 +61,13 @@ def test_nothing_configured_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(KubeConfigError, match="in-cluster service account.*--kubeconfig"):
         load_api_client()
+
+
+def test_a_timed_out_read_is_retried_once_only(api: FakeApiserver) -> None:
+    """The loops and the writer retry with their own backoff; the client itself tries a read at most twice."""
+    core = client.CoreV1Api(load_api_client(api.kubeconfig_path))
+    api.delay(1.0)
+    with pytest.raises(Exception):  # noqa: B017 - urllib3's timeout error, wrapped
+        core.list_node(_request_timeout=(1.0, 0.2))
+    api.delay(0)
+    assert len(api.requests_matching("GET", "/api/v1/nodes")) == 2

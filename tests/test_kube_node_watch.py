@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from devplugin.kube.client import load_api_client
 from devplugin.kube.node_watch import NodeWatch
 from devplugin_sim.fake_apiserver import FakeApiserver
 
@@ -36,7 +37,7 @@ def watch(api: FakeApiserver, heard: list[dict[str, str]]) -> Iterator[NodeWatch
         with lock:
             heard.append(labels)
 
-    w = NodeWatch(api.client(), NODE, on_labels, backoff_start_s=0.05, backoff_max_s=0.4)
+    w = NodeWatch(load_api_client(api.kubeconfig_path), NODE, on_labels, backoff_start_s=0.05, backoff_max_s=0.4)
     w.start()
     assert w.synced.wait(10)
     yield w
@@ -81,4 +82,4 @@ def test_relabel_during_outage_and_after_410(api: FakeApiserver, watch: NodeWatc
 
 def test_needs_a_node_name(api: FakeApiserver) -> None:
     with pytest.raises(ValueError, match="NODE_NAME"):
-        NodeWatch(api.client(), "", lambda labels: None)
+        NodeWatch(load_api_client(api.kubeconfig_path), "", lambda labels: None)

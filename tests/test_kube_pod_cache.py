@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from devplugin.allocation.requests import PodRequest
+from devplugin.kube.client import load_api_client
 from devplugin.kube.pod_cache import PodCache
 from devplugin_sim.fake_apiserver import FakeApiserver
 
@@ -41,7 +42,8 @@ class Recorder:
 
 @pytest.fixture
 def cache(api: FakeApiserver) -> Iterator[PodCache]:
-    c = PodCache(api.client(), NODE, backoff_start_s=0.05, backoff_max_s=0.4, healthy_silence_s=0.5)
+    c = PodCache(load_api_client(api.kubeconfig_path), NODE, backoff_start_s=0.05, backoff_max_s=0.4,
+                 healthy_silence_s=0.5)
     yield c
     c.stop()
 
@@ -170,4 +172,4 @@ def test_unreadable_request_is_reported(api: FakeApiserver, cache: PodCache, cap
 
 def test_needs_a_node_name(api: FakeApiserver) -> None:
     with pytest.raises(ValueError, match="NODE_NAME"):
-        PodCache(api.client(), "")
+        PodCache(load_api_client(api.kubeconfig_path), "")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from devplugin.kube.client import load_api_client
 from devplugin.kube.writer import COMPONENT, KubeWriter
 from devplugin_sim.fake_apiserver import FakeApiserver
 
@@ -24,7 +25,7 @@ def api() -> Iterator[FakeApiserver]:
 
 @pytest.fixture
 def writer(api: FakeApiserver) -> Iterator[KubeWriter]:
-    w = KubeWriter(api.client(), NODE, backoff_start_s=0.05, backoff_max_s=0.3).start()
+    w = KubeWriter(load_api_client(api.kubeconfig_path), NODE, backoff_start_s=0.05, backoff_max_s=0.3).start()
     yield w
     w.stop(flush_timeout_s=0.5)
 

@@ -8,10 +8,19 @@ from pathlib import Path
 
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
+from urllib3.util.retry import Retry
 
 
 class KubeConfigError(RuntimeError):
     """No way to reach the apiserver could be configured; the message lists what was tried and what to do."""
+
+
+def _configuration() -> client.Configuration:
+    cfg = client.Configuration()
+    # One quick retry (a pooled connection the server closed), no more: the watch loops and the writer retry
+    # with their own backoff, and a direct read on the admission path has a budget to keep.
+    cfg.retries = Retry(total=1, connect=1, read=1, status=0, redirect=0, backoff_factor=0)
+    return cfg
 
 
 def _from_file(path: str, origin: str) -> client.ApiClient:
@@ -19,7 +28,7 @@ def _from_file(path: str, origin: str) -> client.ApiClient:
     if not any(Path(p).is_file() for p in path.split(os.pathsep) if p):
         raise KubeConfigError(f"kubeconfig {path!r} ({origin}) does not exist or is not a file")
     try:
-        return config.new_client_from_config(config_file=path)
+        return config.new_client_from_config(config_file=path, client_configuration=_configuration())
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
         raise KubeConfigError(f"kubeconfig {path!r} ({origin}) cannot be used: {exc}") from None
 
@@ -34,7 +43,7 @@ def load_api_client(kubeconfig: str = "") -> client.ApiClient:
         return _from_file(env, "$KUBECONFIG")
     tried = []
     try:
-        cfg = client.Configuration()
+        cfg = _configuration()
         config.load_incluster_config(client_configuration=cfg)
         return client.ApiClient(cfg)
     except ConfigException as exc:
