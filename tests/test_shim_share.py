@@ -1,0 +1,97 @@
+"""Compute shares between containers on one (fake) GPU, with the real shim preloaded into every process.
+
+Every process runs kernels of 1000 blocks x 1 us back to back on the fake GPU's shared timeline; each container
+has its own usage file; the fake NVML reports the processes under host pids (pid + 100000), never their own.
+What each container got is read from the timeline (devplugin_sim.gpu_share), not from the shim.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from devplugin_sim.gpu_share import Container, Run, Workload, make_gpu, measure_reclaim, measure_steady
+from tests.shim_probe import CUDA_ERROR_NOT_PERMITTED, make_node, require_built, run_full
+
+SETTLE = 1.5  # s: the controller's first steps (100 ms each) and the pool's first fill
+WINDOW = 1.5  # s measured
+TOLERANCE = 5  # percentage points
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    require_built()
+    driver = make_gpu(tmp_path / "node")
+    yield driver
+    driver.close()
+
+
+def steady(gpu, tmp_path, containers: list[Container]) -> dict[str, float]:
+    return measure_steady(gpu, tmp_path, containers, settle=SETTLE, window=WINDOW)
+
+
+@pytest.mark.parametrize("shares", [(70, 30), (50, 25, 25), (30,)], ids=["70+30", "50+25+25", "30-alone"])
+def test_each_container_holds_its_share_under_force(gpu, tmp_path, shares):
+    containers = [Container(f"c{i}", share=s, policy="force") for i, s in enumerate(shares)]
+    got = steady(gpu, tmp_path, containers)
+    for c in containers:
+        assert abs(got[c.name] - c.share) <= TOLERANCE, got
+
+
+@pytest.mark.parametrize("neighbour_shim", [True, False], ids=["neighbour-unlimited", "neighbour-without-shim"])
+def test_a_share_holds_beside_a_busy_container_with_no_core_limit(gpu, tmp_path, neighbour_shim):
+    held = Container("held", share=30, policy="force")
+    busy = Container("busy", share=100, shim=neighbour_shim)
+    got = steady(gpu, tmp_path, [held, busy])
+    assert abs(got["held"] - 30) <= TOLERANCE, got
+    assert got["busy"] >= 60, got  # the rest goes to the neighbour
+
+
+def test_the_share_is_the_containers_not_each_processes(gpu, tmp_path):
+    # Three processes of one 30 % container draw from one bucket: together 30 %, not 3 x 30 %.
+    many = Container("many", share=30, policy="force", processes=3)
+    other = Container("other", share=70, policy="force")
+    got = steady(gpu, tmp_path, [many, other])
+    assert abs(got["many"] - 30) <= TOLERANCE, got
+    assert abs(got["other"] - 70) <= TOLERANCE, got
+
+
+def test_default_uses_an_idle_gpu_and_gives_it_back_when_a_neighbour_starts(gpu, tmp_path):
+    burster = Container("burster", share=30, policy="default")
+    neighbour = Container("neighbour", share=70, policy="force")
+    r = measure_reclaim(gpu, tmp_path, burster, neighbour, alone=2.0, together=2.5)
+    assert r.alone >= 60, r.alone  # alone on an idle GPU it uses most of it
+    assert r.reclaim_s is not None and r.reclaim_s <= 1.0, r.trace  # bounded: one control step + a sample
+    assert abs(r.after["neighbour"] - 70) <= TOLERANCE, r.after
+    assert abs(r.after["burster"] - 30) <= TOLERANCE, r.after
+
+
+def test_each_process_records_its_host_pid_not_its_own(gpu, tmp_path):
+    # Five processes of one container start at once; each finds its own NVML pid (the fake reports pid + 100000).
+    run_ = Run(gpu, tmp_path, Workload(), 1.0)
+    c = Container("c", share=40, policy="force", processes=5)
+    try:
+        run_.start(c, seconds=0.2)
+        outs = run_.finish()
+    finally:
+        run_.stop()
+    stats = [next(line for line in out.splitlines() if '"op":"stats"' in line) for out in outs]
+    for pid, line in zip(c.pids, stats, strict=True):
+        s = json.loads(line)
+        assert s["pid"] == pid and s["nvml_pid"] == pid + gpu.host_pid_offset, s
+
+
+def test_disable_holds_nothing(gpu, tmp_path):
+    got = steady(gpu, tmp_path, [Container("free", share=30, policy="disable")])
+    assert got["free"] >= 90, got
+
+
+def test_a_share_without_a_usable_usage_file_is_refused(tmp_path):
+    # The share must hold across the container's processes; without the shared file it cannot: CUDA is refused,
+    # with a message that says why.
+    node = make_node(tmp_path)
+    env = node.env(CUDA_DEVICE_SM_LIMIT=30, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "missing" / "usage"))
+    result = run_full(env, "init", "ctx", 0, "launch", 1, 1)
+    assert [s["rc"] for s in result.steps] == [CUDA_ERROR_NOT_PERMITTED] * 3
+    assert "refusing CUDA" in result.stderr and "compute share" in result.stderr
