@@ -162,6 +162,8 @@ class PodCache:
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if not uid or (rv and (rv < self._versions.get(uid, 0) or rv <= self._deleted.get(uid, 0))):
             return []  # stale: the cache already holds newer news of this pod
+        if kind != "DELETED" and rv and rv == self._versions.get(uid) and uid in self._pods:
+            return []  # unchanged (a relist, or a direct LIST): no need to read it again
         if kind == "DELETED":
             self._invalid.pop(key, None)
             self._tombstone(uid, rv)
@@ -178,8 +180,6 @@ class PodCache:
             return []
         self._invalid.pop(key, None)
         old_rv = self._versions.get(uid)
-        if old_rv is not None and old_rv == rv and uid in self._pods:
-            return []  # unchanged (a relist)
         self._versions[uid] = rv
         self._pods[uid] = pod
         return [("ADDED" if old_rv is None else "MODIFIED", pod)]
