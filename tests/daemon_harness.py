@@ -46,7 +46,8 @@ class Running:
 
 def config(root: Path, **overrides: object) -> Config:
     cfg = Config(mode="core_mem", plugin_dir=str(root / "dp"), pod_resources_socket=str(root / "pr" / "kubelet.sock"),
-                 node_name="", shim="off", recovery_seconds=0.5, shim_state_dir=str(root / "shim"))
+                 node_name="", shim="off", recovery_seconds=0.5, shim_state_dir=str(root / "shim"),
+                 state_dir=str(root / "state"))
     for key, value in overrides.items():
         setattr(cfg, key, value)
     cfg.validate()

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
 from devplugin.allocation.node import MODES, PLACEMENTS
 from devplugin.allocation.units import MemUnit, parse_mem_unit
-from devplugin.gpu.health import DEFAULT_IGNORED_XIDS
+from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_"
 
 
-def _opt(default: object, help: str, env: str | None = None, choices: tuple[str, ...] | None = None) -> object:
-    return field(default=default, metadata={"help": help, "env": env, "choices": choices})
+def _opt(default: object, help: str, env: str | None = None, choices: tuple[str, ...] | None = None,
+         maximum: float | None = None) -> object:
+    """A setting. Every float setting must be finite and > 0; `maximum` bounds it where more is meaningless."""
+    return field(default=default, metadata={"help": help, "env": env, "choices": choices, "maximum": maximum})
 
 
 @dataclass
@@ -33,14 +36,23 @@ class Config:
         "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's PodResources socket, read at start to "
         "learn which devices are already held")
     kubeconfig: str = _opt("", "kubeconfig for the apiserver (empty: in-cluster config, then ~/.kube/config)")
-    apiserver_timeout: float = _opt(5.0, "seconds to wait for the apiserver before falling back to --mode")
+    apiserver_timeout: float = _opt(5.0, "seconds to wait for the apiserver before falling back to --mode",
+                                    maximum=300.0)
     ignored_xids: str = _opt(
         ",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS)),
         "comma-separated XIDs that do not mark a GPU unhealthy (NVIDIA's default list)")
+    reset_xids: str = _opt(
+        ",".join(str(x) for x in sorted(DEFAULT_RESET_XIDS)),
+        "comma-separated XIDs after which a GPU stays unhealthy until it is reset: a reboot, or `touch "
+        "<state-dir>/reset-done/<GPU UUID>` after `nvidia-smi -r` (ECC, row remapping, NVLink, fallen off the bus)")
     recovery_seconds: float = _opt(
-        60.0, "an unhealthy GPU that has raised no critical XID for this long and answers NVML turns healthy")
+        60.0, "an unhealthy GPU that has raised no critical XID for this long and answers NVML turns healthy "
+        "(XIDs in --reset-xids excepted)", maximum=86400.0)
+    state_dir: str = _opt(
+        "/var/lib/gpushare", "host directory for state that outlives the daemon: unhealthy GPUs "
+        "(gpu-health.json) and reset markers (reset-done/<GPU UUID>)")
     pair_window: float = _opt(
-        1.0, "seconds within which a container's gpu-mem and gpu-core.percentage calls are paired")
+        1.0, "seconds within which a container's gpu-mem and gpu-core.percentage calls are paired", maximum=60.0)
     shim: str = _opt("auto", "mount the isolation shim into shared containers: auto (when --shim-lib exists), "
                      "on, off", choices=("auto", "on", "off"))
     shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")
@@ -55,13 +67,30 @@ class Config:
     def unit(self) -> MemUnit:
         return parse_mem_unit(self.mem_unit)
 
-    def ignored_xid_set(self) -> frozenset[int]:
+    def _xid_set(self, name: str) -> frozenset[int]:
+        value = getattr(self, name)
         try:
-            return frozenset(int(x) for x in self.ignored_xids.replace(" ", "").split(",") if x)
+            return frozenset(int(x) for x in value.replace(" ", "").split(",") if x)
         except ValueError:
-            raise ValueError(
-                f"--ignored-xids {self.ignored_xids!r} is not a comma-separated list of integers"
-            ) from None
+            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not a comma-separated list of integers "
+                             f"(set by flag or {self.env_name(name)})") from None
+
+    def ignored_xid_set(self) -> frozenset[int]:
+        return self._xid_set("ignored_xids")
+
+    def reset_xid_set(self) -> frozenset[int]:
+        return self._xid_set("reset_xids")
+
+    def _check_floats(self) -> None:
+        for f in fields(self):
+            if f.type not in ("float", float):
+                continue
+            value = getattr(self, f.name)
+            maximum = f.metadata.get("maximum")
+            bound = f" and at most {maximum:g}" if maximum is not None else ""
+            if not (math.isfinite(value) and value > 0 and (maximum is None or value <= maximum)):
+                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} must be a finite number greater than 0"
+                                 f"{bound} (set by flag or {self.env_name(f.name)})")
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that is wrong and how to fix it (env values skip argparse's
@@ -72,12 +101,15 @@ class Config:
                 raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)!r} is not one of "
                                  f"{', '.join(repr(c) for c in choices)} (set by flag or {self.env_name(f.name)})")
         self.unit()
-        self.ignored_xid_set()
+        both = self.ignored_xid_set() & self.reset_xid_set()
+        if both:
+            raise ValueError(f"XID {','.join(map(str, sorted(both)))} is in both --ignored-xids and --reset-xids "
+                             f"({self.env_name('ignored_xids')}, {self.env_name('reset_xids')}): remove it from one")
         if not self.resource_domain or "/" in self.resource_domain:
             raise ValueError(f"--resource-domain {self.resource_domain!r} must be a DNS domain like aliyun.com")
-        for name in ("recovery_seconds", "pair_window", "apiserver_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        self._check_floats()
+        if not self.state_dir:
+            raise ValueError(f"--state-dir must name a directory (set by flag or {self.env_name('state_dir')})")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from devplugin.app.config import Config
 from devplugin.deviceplugin.daemon import Daemon
 from devplugin.deviceplugin.devices import DeviceBoard
 from devplugin.gpu.health import HealthWatcher
+from devplugin.gpu.health_state import HealthStore
 from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
@@ -51,7 +52,8 @@ def build(cfg: Config, mounts: MountProvider | None = None) -> tuple[Daemon, Hea
     allocator = Allocator(node, pair_window_s=cfg.pair_window, mounts=mounts)
     daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, cfg.pod_resources_socket)
     health = HealthWatcher(
-        gpus, on_change=board.set_health, ignored_xids=cfg.ignored_xid_set(), recovery_seconds=cfg.recovery_seconds
+        gpus, on_change=board.set_health, ignored_xids=cfg.ignored_xid_set(), recovery_seconds=cfg.recovery_seconds,
+        reset_xids=cfg.reset_xid_set(), store=HealthStore(Path(cfg.state_dir)),
     )
     return daemon, health
 
