@@ -14,6 +14,12 @@
  *   launchfor KIND MS GRID launches of KIND for MS milliseconds, with per-100-ms counts
  *   forkfill N KIND CHUNK  fork N children that each fill; the parent reports what each obtained
  *   hammer T N MAX         T threads each make N random allocations (1 byte..MAX) and frees, keeping up to 8
+ *   alloc1 SIZE            the CUDA 3.1 cuMemAlloc (kept)  nocontext     no current context
+ *   array W H FMT CH | array3d W H D FMT CH FLAGS | mipmap W H D FMT CH LEVELS    an array (kept)
+ *   module SIZE            cuModuleLoadData of a fake image whose globals take SIZE (kept; free unloads it)
+ *   graphnode SIZE         a memory-allocation node of SIZE on the current GPU in a graph
+ *   ipcget                 cuIpcGetMemHandle of the newest allocation (hex)   ipcopen HEX   open one (kept)
+ *   lookup NAME VERSION    cuGetProcAddress_v2 of NAME      dlsym NAME    dlsym of NAME in libcuda
  *   counters               the fake driver's counters      stats D       the shim's compute share on GPU D
  *   ready                  print {"op":"ready"} and wait for a line on stdin     sleep MS
  * libcuda: $GS_PROBE_LIBCUDA (default libcuda.so.1). Exit status 0 unless the command line is wrong.
@@ -56,6 +62,25 @@ static void die(const char *fmt, const char *arg)
     exit(2);
 }
 
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+/* cuGetProcAddress_v2 of "name" (CUDA 12.8) or "name@VERSION". */
+static void *lookup(gpa_fn gpa, const char *base, cuuint64_t flags)
+{
+    char name[128];
+    int version = 12080;
+    snprintf(name, sizeof name, "%s", base);
+    char *at = strchr(name, '@');
+    if (at) {
+        *at = '\0';
+        version = atoi(at + 1);
+    }
+    void *p = NULL;
+    CUdriverProcAddressQueryResult status;
+    gpa(name, &p, version, flags, &status);
+    return p;
+}
+
 static void load(void)
 {
     const char *path = getenv("GS_PROBE_LIBCUDA");
@@ -90,13 +115,7 @@ static void load(void)
             libcuda, "cuGetProcAddress_v2");
     if (!gpa)
         die("no cuGetProcAddress_v2 in %s", "libcuda");
-    CUdriverProcAddressQueryResult status;
-#define TAKE(field, name, base, ret, params)                      \
-    {                                                             \
-        void *p = NULL;                                           \
-        gpa(base, &p, 12080, flags, &status);                     \
-        cu.field = (ret(*) params)p;                              \
-    }
+#define TAKE(field, name, base, ret, params) cu.field = (ret(*) params)lookup(gpa, base, flags);
     PROBE_CUDA(TAKE)
 #undef TAKE
 }
@@ -124,9 +143,9 @@ static uint64_t now_ns(void)
 }
 
 /* --- allocations kept by the probe ------------------------------------------------------------------------ */
-enum kind { PLAIN, MANAGED, ASYNC, POOL, HOSTPOOL, CREATE, CREATEHOST, PITCH };
+enum kind { PLAIN, MANAGED, ASYNC, POOL, HOSTPOOL, CREATE, CREATEHOST, PITCH, ALLOC1, ARRAY, MIPMAP, MODULE, IPC };
 static const char *const kind_names[] = {"alloc", "managed", "async", "pool", "hostpool", "create", "createhost",
-                                         "pitch"};
+                                         "pitch", "alloc1"};
 
 struct held {
     enum kind kind;
@@ -141,7 +160,7 @@ static CUcontext current_context;
 
 static int kind_of(const char *name)
 {
-    for (int k = 0; k <= PITCH; k++)
+    for (int k = 0; k <= ALLOC1; k++)
         if (!strcmp(kind_names[k], name))
             return k;
     return -1;
@@ -194,7 +213,12 @@ static CUresult allocate(enum kind kind, uint64_t bytes, uint64_t *handle)
         p = h;
         break;
     }
-    case PITCH:
+    case ALLOC1: {
+        CUdeviceptr_v1 p1 = 0;
+        rc = cu.mem_alloc_v1 ? cu.mem_alloc_v1(&p1, (unsigned int)bytes) : CUDA_ERROR_NOT_FOUND;
+        p = p1;
+        break;
+    }
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -221,6 +245,16 @@ static CUresult release(const struct held *h)
     case CREATE:
     case CREATEHOST:
         return cu.mem_release(h->handle);
+    case ALLOC1:
+        return cu.mem_free_v1((CUdeviceptr_v1)h->handle);
+    case ARRAY:
+        return cu.array_destroy((CUarray)(uintptr_t)h->handle);
+    case MIPMAP:
+        return cu.mipmap_destroy((CUmipmappedArray)(uintptr_t)h->handle);
+    case MODULE:
+        return cu.module_unload((CUmodule)(uintptr_t)h->handle);
+    case IPC:
+        return cu.ipc_close(h->handle);
     default:
         return cu.mem_free(h->handle);
     }
@@ -540,6 +574,89 @@ int main(int argc, char **argv)
             int threads = atoi(ARG());
             long n = atol(ARG());
             hammer(threads, n, size_arg(ARG()));
+        } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
+            CUDA_ARRAY3D_DESCRIPTOR d3;
+            memset(&d3, 0, sizeof d3);
+            d3.Width = size_arg(ARG());
+            d3.Height = size_arg(ARG());
+            if (strcmp(op, "array"))
+                d3.Depth = size_arg(ARG());
+            d3.Format = (int)strtol(ARG(), NULL, 0);
+            d3.NumChannels = (unsigned)atoi(ARG());
+            unsigned levels = 1;
+            if (!strcmp(op, "array3d"))
+                d3.Flags = (unsigned)strtol(ARG(), NULL, 0);
+            if (!strcmp(op, "mipmap"))
+                levels = (unsigned)atoi(ARG());
+            CUresult rc;
+            void *obj = NULL;
+            if (!strcmp(op, "array")) {
+                CUDA_ARRAY_DESCRIPTOR d2 = {d3.Width, d3.Height, d3.Format, d3.NumChannels};
+                rc = cu.array_create((CUarray *)&obj, &d2);
+            } else if (!strcmp(op, "array3d")) {
+                rc = cu.array3d_create((CUarray *)&obj, &d3);
+            } else {
+                rc = cu.mipmap_create((CUmipmappedArray *)&obj, &d3, levels);
+            }
+            if (!rc)
+                keep(strcmp(op, "mipmap") ? ARRAY : MIPMAP, (uintptr_t)obj, 0);
+            printf("{\"op\":\"%s\",\"rc\":%d}\n", op, rc);
+        } else if (!strcmp(op, "module")) {
+            char image[64];
+            snprintf(image, sizeof image, "fake-module %llu", (unsigned long long)size_arg(ARG()));
+            CUmodule mod = NULL;
+            CUresult rc = cu.module_load_data(&mod, image);
+            if (!rc)
+                keep(MODULE, (uintptr_t)mod, 0);
+            printf("{\"op\":\"module\",\"rc\":%d}\n", rc);
+        } else if (!strcmp(op, "graphnode")) {
+            static CUgraph graph;
+            CUresult rc = graph ? CUDA_SUCCESS : cu.graph_create(&graph, 0);
+            CUDA_MEM_ALLOC_NODE_PARAMS params;
+            memset(&params, 0, sizeof params);
+            params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            params.poolProps.location.id = current_device;
+            params.bytesize = size_arg(ARG());
+            CUgraphNode node;
+            if (!rc)
+                rc = cu.graph_add_alloc(&node, graph, NULL, 0, &params);
+            printf("{\"op\":\"graphnode\",\"rc\":%d}\n", rc);
+        } else if (!strcmp(op, "ipcget")) {
+            CUipcMemHandle h;
+            memset(&h, 0, sizeof h);
+            CUresult rc = nheld ? cu.ipc_get(&h, held[nheld - 1].handle) : CUDA_ERROR_INVALID_VALUE;
+            printf("{\"op\":\"ipcget\",\"rc\":%d,\"handle\":\"", rc);
+            for (int b = 0; b < CU_IPC_HANDLE_SIZE; b++)
+                printf("%02x", (unsigned char)h.reserved[b]);
+            printf("\"}\n");
+        } else if (!strcmp(op, "ipcopen")) {
+            const char *hex = ARG();
+            CUipcMemHandle h;
+            memset(&h, 0, sizeof h);
+            for (int b = 0; b < CU_IPC_HANDLE_SIZE && hex[2 * b] && hex[2 * b + 1]; b++) {
+                char byte[3] = {hex[2 * b], hex[2 * b + 1], 0};
+                h.reserved[b] = (char)strtol(byte, NULL, 16);
+            }
+            CUdeviceptr p = 0;
+            CUresult rc = cu.ipc_open(&p, h, 1);
+            if (!rc)
+                keep(IPC, p, 0);
+            printf("{\"op\":\"ipcopen\",\"rc\":%d}\n", rc);
+        } else if (!strcmp(op, "nocontext")) {
+            printf("{\"op\":\"nocontext\",\"rc\":%d}\n", cu.ctx_set(NULL));
+        } else if (!strcmp(op, "lookup")) {
+            const char *name = ARG();
+            int version = atoi(ARG());
+            gpa_fn gpa = (gpa_fn)dlsym(libcuda, "cuGetProcAddress_v2");
+            void *p = NULL;
+            CUdriverProcAddressQueryResult status = -1;
+            CUresult rc = gpa ? gpa(name, &p, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) : -1;
+            printf("{\"op\":\"lookup\",\"rc\":%d,\"status\":%d,\"found\":%s}\n", rc, status,
+                   p ? "true" : "false");
+        } else if (!strcmp(op, "dlsym")) {
+            const char *name = ARG();
+            printf("{\"op\":\"dlsym\",\"found\":%s}\n", dlsym(libcuda, name) ? "true" : "false");
         } else if (!strcmp(op, "counters")) {
             print_counters();
         } else if (!strcmp(op, "stats")) {

@@ -2,7 +2,8 @@
  *   gpa       dlopen + dlsym("cuGetProcAddress_v2"), then everything through cuGetProcAddress (the CUDA runtime's way)
  *   gpa-ptsz  the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (per-thread default stream builds)
  *   dlsym     dlopen + dlsym of each versioned name
- *   linked    plain calls bound by the dynamic linker (gs_probe_linked only) */
+ *   linked    plain calls bound by the dynamic linker (gs_probe_linked only)
+ * A base name "name@V" is looked up through cuGetProcAddress with CUDA version V (an old entry point). */
 #ifndef GS_PROBE_H
 #define GS_PROBE_H
 
@@ -37,6 +38,24 @@
     X(launch_coop, cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", CUresult,                            \
       (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **))   \
     X(graph_launch, cuGraphLaunch, "cuGraphLaunch", CUresult, (CUgraphExec, CUstream))                        \
-    X(sync, cuCtxSynchronize, "cuCtxSynchronize", CUresult, (void))
+    X(sync, cuCtxSynchronize, "cuCtxSynchronize", CUresult, (void))                                            \
+    X(mem_alloc_v1, cuMemAlloc, "cuMemAlloc@2000", CUresult, (CUdeviceptr_v1 *, unsigned int))                 \
+    X(mem_free_v1, cuMemFree, "cuMemFree@2000", CUresult, (CUdeviceptr_v1))                                    \
+    X(array_create, cuArrayCreate_v2, "cuArrayCreate", CUresult, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))   \
+    X(array3d_create, cuArray3DCreate_v2, "cuArray3DCreate", CUresult,                                          \
+      (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))                                                             \
+    X(array_destroy, cuArrayDestroy, "cuArrayDestroy", CUresult, (CUarray))                                    \
+    X(mipmap_create, cuMipmappedArrayCreate, "cuMipmappedArrayCreate", CUresult,                                \
+      (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))                                      \
+    X(mipmap_destroy, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", CUresult, (CUmipmappedArray))        \
+    X(module_load_data, cuModuleLoadData, "cuModuleLoadData", CUresult, (CUmodule *, const void *))            \
+    X(module_unload, cuModuleUnload, "cuModuleUnload", CUresult, (CUmodule))                                   \
+    X(graph_create, cuGraphCreate, "cuGraphCreate", CUresult, (CUgraph *, unsigned int))                       \
+    X(graph_add_alloc, cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", CUresult,                              \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *))                      \
+    X(ipc_get, cuIpcGetMemHandle, "cuIpcGetMemHandle", CUresult, (CUipcMemHandle *, CUdeviceptr))              \
+    X(ipc_open, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", CUresult, (CUdeviceptr *, CUipcMemHandle, unsigned)) \
+    X(ipc_close, cuIpcCloseMemHandle, "cuIpcCloseMemHandle", CUresult, (CUdeviceptr))                          \
+    X(launch_host, cuLaunchHostFunc, "cuLaunchHostFunc", CUresult, (CUstream, CUhostFn, void *))
 
 #endif /* GS_PROBE_H */

@@ -1,0 +1,161 @@
+"""Every way to take device memory counts against the limit: the 32-bit cuMemAlloc, arrays and mipmapped arrays,
+module globals, graph memory nodes, memory opened through IPC; stream-ordered frees give back in stream order;
+an allocation the shim cannot place on a GPU never reaches the driver; entry points it does not know are
+refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.shim_probe import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_SUCCESS,
+    MiB,
+    make_node,
+    run,
+    run_full,
+    start,
+    until,
+)
+
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NOT_FOUND = 500
+FLOAT = "0x20"
+
+
+@pytest.fixture
+def node(tmp_path):
+    return make_node(tmp_path)
+
+
+def used_in_view(step: dict) -> int:
+    return step["total"] - step["free"]
+
+
+@pytest.mark.parametrize("mode", ["gpa", "dlsym", "linked"])
+def test_the_cuda_3_1_cu_mem_alloc_is_counted_and_freed(node, mode):
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="64m"), "init", "ctx", 0, "fill", "alloc1", "2m", "freeall",
+                "fill", "alloc1", "2m", "counters", mode=mode)
+    assert [(s["bytes"], s["rc"]) for s in steps if s["op"] == "fill"] == [(64 * MiB, CUDA_ERROR_OUT_OF_MEMORY)] * 2
+    assert steps[-1]["mem_oom"] == 0  # the shim refused, the driver never had to
+
+
+@pytest.mark.parametrize("create,charge_mib", [
+    (("array", 1024, 1024, FLOAT, 4), 16),             # 1024 x 1024 float4: 16 MiB
+    (("array", 1000, 1, "0x01", 1), 2),                # 1000 bytes: one 2 MiB granule
+    (("array3d", 512, 512, 1, FLOAT, 4, "0x04"), 24),  # a cube map: six faces of 4 MiB
+    (("array3d", 256, 256, 16, FLOAT, 4, "0x01"), 16),  # 16 layers of 1 MiB
+    (("mipmap", 1024, 1024, 0, FLOAT, 4, 11), 22),     # 16 MiB + 4 + 1 + ... = 21.3 MiB, rounded up
+])
+def test_arrays_are_charged_what_the_driver_takes(node, create, charge_mib):
+    holder = start(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, *create, "meminfo", "ready")
+    try:
+        steps = until(holder, "ready")
+        assert steps[2]["rc"] == CUDA_SUCCESS
+        assert used_in_view(steps[3]) == charge_mib * MiB == node.driver.memory_used(0)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+
+
+def test_arrays_stop_at_the_limit_and_give_back_when_destroyed(node):
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="64m")
+    big = ("mipmap", 1024, 1024, 0, FLOAT, 4, 11)  # 22 MiB each
+    steps = run(env, "init", "ctx", 0, *big, *big, *big, "free", *big, "array", 4096, 4096, FLOAT, 4, "counters")
+    assert [s["rc"] for s in steps[2:7] if s["op"] != "free"] == [
+        CUDA_SUCCESS, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+    assert steps[7]["rc"] == CUDA_ERROR_OUT_OF_MEMORY  # 256 MiB
+    assert steps[-1]["mem_oom"] == 0
+
+
+def test_module_globals_count_and_an_oversized_module_is_unloaded(node):
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="64m"), "init", "ctx", 0, "module", "40m", "meminfo",
+                "alloc", "32m", "module", "30m", "meminfo", "free", "alloc", "32m", "meminfo")
+    assert steps[2]["rc"] == CUDA_SUCCESS and used_in_view(steps[3]) == 40 * MiB
+    assert steps[4]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert steps[5]["rc"] == CUDA_ERROR_OUT_OF_MEMORY and used_in_view(steps[6]) == 40 * MiB  # unloaded again
+    assert steps[8]["rc"] == CUDA_SUCCESS and used_in_view(steps[9]) == 32 * MiB
+
+
+def test_graph_memory_nodes_are_charged_when_added(node):
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="64m"), "init", "ctx", 0, "graphnode", "48m", "meminfo",
+                "alloc", "32m", "graphnode", "100m")
+    assert steps[2]["rc"] == CUDA_SUCCESS and used_in_view(steps[3]) == 48 * MiB
+    assert steps[4]["rc"] == CUDA_ERROR_OUT_OF_MEMORY and steps[5]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+
+
+def exported(node, size: str):
+    """A process outside the container (no shim) that allocates `size` and exports it; with its IPC handle."""
+    proc = start(node.env(shim=False), "init", "ctx", 0, "alloc", size, "ipcget", "ready")
+    handle = until(proc, "ready")[3]["handle"]
+    return proc, handle
+
+
+def test_memory_opened_through_ipc_counts_against_the_importer(node):
+    exporter, handle = exported(node, "512m")
+    try:
+        steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "ipcopen", handle, "meminfo",
+                    "alloc", "768m", "free", "alloc", "768m")
+    finally:
+        exporter.stdin.close()
+        exporter.wait(timeout=10)
+    assert steps[2]["rc"] == CUDA_SUCCESS and used_in_view(steps[3]) == 512 * MiB
+    assert steps[4]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert steps[6]["rc"] == CUDA_SUCCESS  # closing the handle gave the room back
+
+
+def test_ipc_memory_larger_than_the_limit_is_refused_and_closed(node):
+    exporter, handle = exported(node, "2g")
+    try:
+        steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "ipcopen", handle, "counters")
+    finally:
+        exporter.stdin.close()
+        exporter.wait(timeout=10)
+    assert steps[2]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert steps[3]["live_bytes"] == 0  # the mapping was closed again
+
+
+def test_a_stream_ordered_free_gives_back_when_the_stream_gets_there(node):
+    # 0.6 s of kernels are queued before the free: until they have run, the memory is still in use.
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CUDA_NS_PER_BLOCK=1000, FAKE_CUDA_QUEUE_US=5_000_000)
+    steps = run(env, "init", "ctx", 0, "async", "512m", "launch", 1, 600_000, "free", "meminfo", "sync", "meminfo")
+    assert steps[3]["rc"] == CUDA_SUCCESS and steps[4]["rc"] == CUDA_SUCCESS
+    assert used_in_view(steps[5]) == 512 * MiB
+    assert used_in_view(steps[7]) == 0
+
+
+def test_without_a_current_context_an_allocation_never_reaches_the_driver(node):
+    # Two GPUs, so the shim cannot guess the device: the driver's own error comes back and nothing is allocated.
+    result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "nocontext", "alloc", "64m",
+                      "async", "64m", "counters")
+    assert [s["rc"] for s in result.steps[3:5]] == [CUDA_ERROR_INVALID_CONTEXT] * 2
+    assert result.step("counters")["mem_alloc"] == 0 and result.step("counters")["live_bytes"] == 0
+
+
+def test_an_allocation_entry_point_the_shim_does_not_know_is_refused(node):
+    # The CUDA 3.1 cuMemAllocPitch exists in the driver, but the shim hooks only cuMemAllocPitch_v2.
+    steps = ("init", "lookup", "cuMemAllocPitch", 2000, "dlsym", "cuMemAllocPitch", "lookup", "cuMemAlloc", 2000,
+             "lookup", "cuCtxSynchronize", 12080)
+    without = run(node.env(shim=False), *steps)
+    assert [s["found"] for s in without[1:]] == [True, True, True, True]
+    result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), *steps)
+    old_pitch, by_dlsym, old_alloc, other = result.steps[1:]
+    assert (old_pitch["rc"], old_pitch["found"]) == (CUDA_ERROR_NOT_FOUND, False)
+    assert by_dlsym["found"] is False
+    assert old_alloc["found"] and other["found"]  # hooked versions and other entry points are answered
+    assert "cuGetProcAddress(cuMemAllocPitch, version 2000)" in result.stderr
+    assert "dlsym(cuMemAllocPitch)" in result.stderr
+
+
+def test_allocations_the_driver_refuses_leave_no_charge(node):
+    # The GPU is full of another tenant's memory: the driver refuses, and the container's charge rolls back.
+    other = start(node.env(shim=False), "init", "ctx", 0, "alloc", "15g", "ready")
+    try:
+        until(other, "ready")
+        steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="4g"), "init", "ctx", 0, "array", 16384, 16384, FLOAT, 4,
+                    "module", "2g", "alloc1", "2g", "nvml", 0)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=10)
+    assert [s["rc"] for s in steps[2:5]] == [CUDA_ERROR_OUT_OF_MEMORY] * 3
+    assert steps[5]["used"] == 0
