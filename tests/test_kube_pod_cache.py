@@ -133,6 +133,26 @@ def test_fetch_now_reads_a_pod_the_cache_has_not_seen(api: FakeApiserver, cache:
     assert api.requests_matching("GET", "/pods")[0].query == {"fieldSelector": f"spec.nodeName={NODE}"}
 
 
+def test_fetch_now_does_not_wait_for_listeners(api: FakeApiserver, cache: PodCache) -> None:
+    """A listener that waits (say, for the allocator's lock, held by the admission that called fetch_now) must
+    not hold up the answer."""
+    release = threading.Event()
+    heard: list[str] = []
+
+    def slow_listener(kind: str, pod: PodRequest) -> None:
+        release.wait(5)
+        heard.append(pod.name)
+
+    cache.add_listener(slow_listener)
+    api.add_pod(name="just-bound", node_name=NODE)
+    t0 = time.monotonic()
+    pods = cache.fetch_now(1.0)
+    assert pods is not None and [p.name for p in pods] == ["just-bound"]
+    assert time.monotonic() - t0 < 1.0 and heard == []
+    release.set()
+    assert wait_for(lambda: heard == ["just-bound"])
+
+
 @pytest.mark.parametrize("fault", ["refuse", "reset", "slow"])
 def test_fetch_now_is_bounded_by_its_budget(api: FakeApiserver, cache: PodCache, fault: str) -> None:
     api.add_pod(name="p", node_name=NODE)

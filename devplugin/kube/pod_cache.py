@@ -18,15 +18,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
 
 from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
 from devplugin.contract import DEFAULT_RESOURCE_DOMAIN
-from devplugin.kube.watch_loop import WatchLoop
+from devplugin.kube.watch_loop import WatchLoop, short_error
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +38,16 @@ def _rv(obj: dict) -> int:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
         return 0
+
+
+class _Fetch:
+    """One direct LIST: its answer is published before listeners are told of it."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.done = threading.Event()
+        self.pods: list[PodRequest] | None = None
+        self.error: Exception | None = None
 
 
 class PodCache:
@@ -54,7 +63,7 @@ class PodCache:
         self.synced = threading.Event()  # the first LIST is done
         self._healthy_silence = healthy_silence_s
         self._lock = threading.Lock()  # guards the maps below; never held while calling out
-        self._order = threading.Lock()  # serialises change + notify, so listeners see changes in order
+        self._order = threading.Lock()  # one thread at a time tells listeners, so they hear changes in order
         self._pods: dict[str, PodRequest] = {}
         self._versions: dict[str, int] = {}
         self._deleted: OrderedDict[str, int] = OrderedDict()  # uid -> resourceVersion of its deletion
@@ -63,7 +72,8 @@ class PodCache:
         core = client.CoreV1Api(api_client)
         self._list_fn = functools.partial(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_name}")
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="pod-fetch")
-        self._next: Future | None = None  # the direct LIST submitted last
+        self._next: _Fetch | None = None  # the direct LIST submitted last
+        self._notes: list[tuple[str, PodRequest]] = []  # changes applied, not yet told to listeners
         self._loop = WatchLoop("pod-cache", self._list_fn, self._on_list, self._on_event,
                                fields={"node": node_name}, backoff_start_s=backoff_start_s,
                                backoff_max_s=backoff_max_s, watch_timeout_s=watch_timeout_s)
@@ -103,58 +113,65 @@ class PodCache:
     # --- the one direct read ------------------------------------------------------------------------------------
     def fetch_now(self, budget_s: float) -> list[PodRequest] | None:
         """One direct LIST of this node's pods, answered within budget_s (None on timeout or error); the cache
-        and listeners get its result too. Calls that overlap share one LIST started after they were made."""
+        gets its result too, and listeners hear of it afterwards (the answer never waits for a listener).
+        Calls that overlap share one LIST started after they were made."""
         if budget_s <= 0:
             return None
         t0 = time.monotonic()
         with self._lock:  # a LIST not started yet is fresh enough for this call; a running one may not be
-            future = self._next
-            if future is None or future.running() or future.done():
+            fetch = self._next
+            if fetch is None or fetch.started:
+                fetch = self._next = _Fetch()
                 try:
-                    future = self._next = self._executor.submit(self._direct_list, budget_s)
+                    self._executor.submit(self._direct_list, fetch, budget_s)
                 except RuntimeError:  # stopped
                     return None
-        try:
-            return future.result(timeout=budget_s)
-        except FutureTimeout:
+        if not fetch.done.wait(budget_s):
             log.warning("direct pod LIST did not answer within %.0f ms", budget_s * 1000,
                         extra={"fields": {"node": self.node_name, "budget_ms": round(budget_s * 1000)}})
-        except Exception as exc:  # noqa: BLE001 - urllib3, socket and API errors alike
+            return None
+        if fetch.error is not None:
             log.warning("direct pod LIST failed after %.0f ms: %s", (time.monotonic() - t0) * 1000,
-                        type(exc).__name__, extra={"fields": {"node": self.node_name, "error": str(exc)[:200]}})
-        return None
+                        short_error(fetch.error), extra={"fields": {"node": self.node_name}})
+            return None
+        return fetch.pods
 
-    def _direct_list(self, timeout_s: float) -> list[PodRequest]:
-        resp: Any = self._list_fn(_preload_content=False, _request_timeout=(timeout_s, timeout_s))
-        doc = json.loads(resp.data)
-        self._replace(list(doc.get("items") or []), _rv(doc))
-        return self.pods()
+    def _direct_list(self, fetch: _Fetch, timeout_s: float) -> None:
+        fetch.started = True
+        try:
+            resp: Any = self._list_fn(_preload_content=False, _request_timeout=(timeout_s, timeout_s))
+            doc = json.loads(resp.data)
+            with self._lock:
+                self._replace_locked(list(doc.get("items") or []), _rv(doc))
+                fetch.pods = list(self._pods.values())
+        except Exception as exc:  # noqa: BLE001 - urllib3, socket and API errors alike: the caller logs it
+            fetch.error = exc
+        finally:
+            fetch.done.set()
+        self._drain()
 
     # --- applying changes ---------------------------------------------------------------------------------------
     def _on_list(self, items: list[dict], rv: str) -> None:
-        self._replace(items, int(rv) if rv.isdigit() else 0)
+        with self._lock:
+            self._replace_locked(items, int(rv) if rv.isdigit() else 0)
         self.synced.set()
+        self._drain()
 
     def _on_event(self, kind: str, obj: dict) -> None:
-        with self._order:
-            with self._lock:
-                notes = self._apply_locked(kind, obj)
-            self._notify(notes)
+        with self._lock:
+            self._notes += self._apply_locked(kind, obj)
+        self._drain()
 
-    def _replace(self, items: list[dict], list_rv: int) -> None:
+    def _replace_locked(self, items: list[dict], list_rv: int) -> None:
         """A full LIST at list_rv: apply every item, and drop pods it lacks that are not newer than it."""
-        with self._order:
-            with self._lock:
-                notes: list[tuple[str, PodRequest]] = []
-                seen = set()
-                for obj in items:
-                    seen.add((obj.get("metadata") or {}).get("uid", ""))
-                    notes += self._apply_locked("MODIFIED", obj)
-                for uid in [u for u in self._pods if u not in seen and self._versions.get(u, 0) <= list_rv]:
-                    notes.append(("DELETED", self._pods.pop(uid)))
-                    self._versions.pop(uid, None)
-                    self._tombstone(uid, list_rv)
-            self._notify(notes)
+        seen = set()
+        for obj in items:
+            seen.add((obj.get("metadata") or {}).get("uid", ""))
+            self._notes += self._apply_locked("MODIFIED", obj)
+        for uid in [u for u in self._pods if u not in seen and self._versions.get(u, 0) <= list_rv]:
+            self._notes.append(("DELETED", self._pods.pop(uid)))
+            self._versions.pop(uid, None)
+            self._tombstone(uid, list_rv)
 
     def _apply_locked(self, kind: str, obj: dict) -> list[tuple[str, PodRequest]]:
         meta = obj.get("metadata") or {}
@@ -190,15 +207,19 @@ class PodCache:
         while len(self._deleted) > TOMBSTONES:
             self._deleted.popitem(last=False)
 
-    def _notify(self, notes: list[tuple[str, PodRequest]]) -> None:
-        if not notes:
-            return
-        with self._lock:
-            listeners = list(self._listeners)
-        for kind, pod in notes:
-            for fn in listeners:
-                try:
-                    fn(kind, pod)
-                except Exception:  # noqa: BLE001 - one listener's bug must not stop the cache
-                    log.exception("pod listener failed on %s", kind, extra={"fields": {"pod": pod.key,
-                                                                                       "node": self.node_name}})
+    def _drain(self) -> None:
+        """Tell listeners of the changes queued so far, in the order they were applied (one drainer at a time)."""
+        with self._order:
+            while True:
+                with self._lock:
+                    notes, self._notes = self._notes, []
+                    listeners = list(self._listeners)
+                if not notes:
+                    return
+                for kind, pod in notes:
+                    for fn in listeners:
+                        try:
+                            fn(kind, pod)
+                        except Exception:  # noqa: BLE001 - one listener's bug must not stop the cache
+                            log.exception("pod listener failed on %s", kind,
+                                          extra={"fields": {"pod": pod.key, "node": self.node_name}})
