@@ -58,7 +58,8 @@ def _start_daemon(driver: FakeDriver, plugin_dir: Path, pod_resources: Path, pla
                   log_path: Path, shim_state: Path) -> subprocess.Popen:
     env = {**os.environ, **driver.env(), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--placement", placement,
-           "--plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_resources), "--node-name", ""]
+           "--plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_resources), "--node-name", "",
+           "--health-port", "0", "--state-dir", str(shim_state.parent / "state")]
     if _shim_built():
         cmd += ["--shim", "on", "--shim-lib", str(SHIM_LIB), "--shim-state-dir", str(shim_state)]
     else:

@@ -1,6 +1,8 @@
 """Pod admission as the kubelet's device manager does it: choose device IDs, Allocate, PreStart, merge.
 
-Init containers are not supported: a PodSpec has app containers only, each allocated on its own.
+Init containers are admitted first; their devices are reused by the app containers (ManagerImpl.Allocate's
+devicesToReuse): an app container takes reusable devices first and asks the plugin only for the rest, naming
+the reused ones in must_include.
 Deviations from the kubelet, all for a test bench: admissions of one emulator are serialised by the caller;
 a PreStartContainer failure rejects the pod and frees its devices (the kubelet keeps the pod and retries the
 container); a pod asking for an extended resource nobody registered is refused like the kubelet's resource
@@ -36,9 +38,9 @@ class _Trace:
         return [c for calls in self.calls.values() for c in calls]
 
 
-# mirrors ManagerImpl.devicesToAllocate (no reusable init-container devices, no NUMA alignment)
+# mirrors ManagerImpl.devicesToAllocate (reusable init-container devices first; no NUMA alignment)
 def devices_to_allocate(m: DeviceManager, pod: PodSpec, container: str, resource: str, required: int,
-                        trace: _Trace) -> list[str] | None:
+                        trace: _Trace, reusable: set[str] | None = None) -> list[str] | None:
     with m.lock:
         healthy = m.table.healthy.get(resource)
         if healthy is None:
@@ -47,9 +49,13 @@ def devices_to_allocate(m: DeviceManager, pod: PodSpec, container: str, resource
             raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
         if required == 0:
             return None
+        reused = sorted(reusable or ())[:required]  # allocateRemainingFrom(reusableDevices)
+        if len(reused) == required:
+            return m.shuffled(reused)
+        needed = required - len(reused)
         in_use = m.pod_devices.devices().get(resource, set())
         available = healthy - in_use
-        if len(available) < required:
+        if len(available) < needed:
             raise AdmissionError(f"requested number of devices unavailable for {resource}. "
                                  f"Requested: {required}, Available: {len(available)}")
         endpoint = m.endpoints.get(resource)
@@ -57,14 +63,14 @@ def devices_to_allocate(m: DeviceManager, pod: PodSpec, container: str, resource
         available_list = m.shuffled(available)
     if endpoint is None:
         raise AdmissionError(f"endpoint not found in cache for a registered resource: {resource}")
-    chosen: list[str] = []
+    chosen: list[str] = list(reused)
     # mirrors ManagerImpl.callGetPreferredAllocationIfAvailable: only when the plugin offers it
     if endpoint.options.get_preferred_allocation_available:
         trace.call(container, f"GetPreferredAllocation {resource}")
         log.debug("pod %s container %s: GetPreferredAllocation %s size %d from %d available", pod.key,
                   container, resource, required, len(available_list))
         try:
-            preferred = endpoint.get_preferred_allocation(available_list, [], required)
+            preferred = endpoint.get_preferred_allocation(available_list + reused, reused, required)
         except EndpointError as err:
             raise AdmissionError(str(err)) from None
         unknown = sorted({i for i in preferred if i not in advertised})
@@ -74,7 +80,7 @@ def devices_to_allocate(m: DeviceManager, pod: PodSpec, container: str, resource
             trace.unknown.setdefault(container, {})[resource] = unknown
             with m.lock:
                 m.unknown_ids.extend((resource, i) for i in unknown)
-        chosen = m.shuffled(set(preferred) & available)[:required]
+        chosen = reused + m.shuffled(set(preferred) & available)[:needed]
         if len(chosen) < required:
             log.debug("pod %s container %s: %s preference gave %d of %d usable IDs; the rest filled "
                       "at random", pod.key, container, resource, len(chosen), required)
@@ -85,13 +91,14 @@ def devices_to_allocate(m: DeviceManager, pod: PodSpec, container: str, resource
 
 
 # mirrors ManagerImpl.allocateContainerResources: one Allocate per resource, resources in Go-map order
-def allocate_container_resources(m: DeviceManager, pod: PodSpec, c: ContainerSpec, trace: _Trace) -> None:
+def allocate_container_resources(m: DeviceManager, pod: PodSpec, c: ContainerSpec, trace: _Trace,
+                                 reuse: dict[str, set[str]] | None = None) -> None:
     m.update_allocated_devices()
     for resource in m.shuffled(c.limits):
         needed = c.limits[resource]
         if not m.is_device_plugin_resource(resource):
             continue
-        ids = devices_to_allocate(m, pod, c.name, resource, needed, trace)
+        ids = devices_to_allocate(m, pod, c.name, resource, needed, trace, (reuse or {}).get(resource))
         if not ids:
             continue
         with m.lock:
@@ -165,9 +172,22 @@ def admit_pod(m: DeviceManager, pod: PodSpec) -> AdmitResult:
         m.pods[pod.uid] = pod  # the pod being admitted is active, as in the kubelet's pod manager
     trace = _Trace()
     try:
+        # mirrors ManagerImpl.Allocate: init containers first, their devices put up for reuse
+        # (addContainerAllocatedResources); an app container's devices leave the pool
+        # (removeContainerAllocatedResources)
+        reuse: dict[str, set[str]] = {}
+        for c in pod.init_containers:
+            allocate_container_resources(m, pod, c, trace, reuse)
+            with m.lock:
+                for resource, alloc in m.pod_devices.container(pod.uid, c.name).items():
+                    reuse.setdefault(resource, set()).update(alloc.device_ids)
         for c in pod.containers:
-            allocate_container_resources(m, pod, c, trace)
+            allocate_container_resources(m, pod, c, trace, reuse)
+            with m.lock:
+                for resource, alloc in m.pod_devices.container(pod.uid, c.name).items():
+                    reuse.get(resource, set()).difference_update(alloc.device_ids)
         check_unserved_resources(m, pod)
+        init_results = [start_container(m, pod, c, trace) for c in pod.init_containers]
         results = [start_container(m, pod, c, trace) for c in pod.containers]
     except AdmissionError as err:
         err.calls = trace.all_calls()
@@ -179,4 +199,4 @@ def admit_pod(m: DeviceManager, pod: PodSpec) -> AdmitResult:
         raise
     log.debug("pod %s admitted: %s", pod.key, {r.name: r.device_ids for r in results})
     m.notify()
-    return AdmitResult(pod=pod, containers=results)
+    return AdmitResult(pod=pod, containers=results, init_containers=init_results)

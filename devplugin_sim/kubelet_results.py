@@ -65,6 +65,7 @@ class AdmitResult:
 
     pod: PodSpec
     containers: list[ContainerResult]
+    init_containers: list[ContainerResult] = field(default_factory=list)
 
     def container(self, name: str) -> ContainerResult:
         """The result of the container called name."""

@@ -31,22 +31,21 @@ class ContainerSpec:
 
 @dataclass
 class PodSpec:
-    """A pod: name, namespace, uid (a fresh uuid4 unless given) and its app containers.
-
-    Init containers are not modelled: the emulator admits app containers only.
-    """
+    """A pod: name, namespace, uid (a fresh uuid4 unless given), its app containers and its init containers
+    (admitted first, their devices reused by the app containers as the kubelet does)."""
 
     name: str
     containers: list[ContainerSpec]
     namespace: str = "default"
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    init_containers: list[ContainerSpec] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("PodSpec.name is empty: give the pod a name")
         if not self.containers:
             raise ValueError(f"pod {self.namespace}/{self.name} has no containers: give it at least one")
-        names = [c.name for c in self.containers]
+        names = [c.name for c in self.init_containers + self.containers]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"pod {self.namespace}/{self.name}: container names repeat: {duplicates}")

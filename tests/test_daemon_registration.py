@@ -58,7 +58,8 @@ def test_mixed_sizes_keep_their_own_size() -> None:
 def test_waits_for_a_missing_kubelet_then_registers() -> None:
     import shutil
 
-    from devplugin.app.serve import build
+    from devplugin.app.node_daemon import build
+    from devplugin.gpu.inventory import enumerate_gpus
     from devplugin_sim.fake_driver import FakeDriver, load_in_process, seed_node
     from devplugin_sim.kubelet import KubeletEmulator
     from tests.daemon_harness import config, short_dir
@@ -68,9 +69,7 @@ def test_waits_for_a_missing_kubelet_then_registers() -> None:
     driver = FakeDriver.create(root / "drv", seed_node(2, 15360))
     os.environ["FAKE_NVML_CONFIG"] = str(driver.config_path)
     cfg = config(root)
-    built = build(cfg)
-    assert built is not None
-    daemon, _ = built
+    daemon = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement).daemon
     daemon.start()  # no kubelet.sock yet: the daemon serves and waits
     try:
         kubelet = KubeletEmulator(r_dir := root / "dp", root / "pr" / "kubelet.sock")

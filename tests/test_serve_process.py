@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -11,9 +10,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
 from tests.daemon_harness import COUNT, MEM, short_dir
@@ -22,7 +21,8 @@ from tests.daemon_harness import COUNT, MEM, short_dir
 def serve(driver: FakeDriver, root: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, **driver.env()}
     cmd = [sys.executable, "-m", "devplugin", "serve", "--plugin-dir", str(root / "dp"),
-           "--pod-resources-socket", str(root / "pr.sock"), "--shim", "off", *args]
+           "--pod-resources-socket", str(root / "pr.sock"), "--shim", "off", "--state-dir", str(root / "state"),
+           *(args if "--health-port" in args else ("--health-port", "0", *args))]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -79,40 +79,10 @@ def test_unit_too_fine_for_eight_h200s_is_refused() -> None:
 
 @contextmanager
 def fake_apiserver(labels: dict[str, str]) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path.startswith("/api/v1/nodes/gpu-node-1"):
-                body = json.dumps({"apiVersion": "v1", "kind": "Node",
-                                   "metadata": {"name": "gpu-node-1", "labels": labels}}).encode()
-                self.send_response(200)
-            else:
-                body = json.dumps({"kind": "Status", "code": 404, "message": "not found"}).encode()
-                self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-
-
-def kubeconfig(root: Path, url: str) -> Path:
-    path = root / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": url}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-        "users": [{"name": "t", "user": {"token": "x"}}],
-    }))
-    return path
+    """The fake apiserver with node gpu-node-1 carrying `labels`; yields its kubeconfig path."""
+    with FakeApiserver() as api:
+        api.add_node("gpu-node-1", labels=labels)
+        yield api.kubeconfig_path
 
 
 def test_mode_and_placement_come_from_node_labels() -> None:
@@ -120,9 +90,8 @@ def test_mode_and_placement_come_from_node_labels() -> None:
     try:
         driver = FakeDriver.create(root / "drv", seed_node(2, 15360))
         labels = {"ack.node.gpu.schedule": "cgpu", "ack.node.gpu.placement": "spread"}
-        with fake_apiserver(labels) as url, KubeletEmulator(root / "dp", root / "pr.sock") as kubelet:
-            proc = serve(driver, root, "--node-name", "gpu-node-1", "--kubeconfig", str(kubeconfig(root, url)),
-                         "--mode", "core_mem")
+        with fake_apiserver(labels) as kubeconfig, KubeletEmulator(root / "dp", root / "pr.sock") as kubelet:
+            proc = serve(driver, root, "--node-name", "gpu-node-1", "--kubeconfig", kubeconfig, "--mode", "core_mem")
             assert kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 30 and COUNT in k.allocatable(), timeout=20)
             assert set(kubelet.allocatable()) == {MEM, COUNT}  # cgpu: no gpu-core.percentage
             proc.send_signal(signal.SIGTERM)
@@ -136,8 +105,8 @@ def test_unserved_mode_serves_nothing_and_says_why() -> None:
     root = short_dir()
     try:
         driver = FakeDriver.create(root / "drv", seed_node(1, 15360))
-        with fake_apiserver({"ack.node.gpu.schedule": "default"}) as url:
-            proc = serve(driver, root, "--node-name", "gpu-node-1", "--kubeconfig", str(kubeconfig(root, url)))
+        with fake_apiserver({"ack.node.gpu.schedule": "default"}) as kubeconfig:
+            proc = serve(driver, root, "--node-name", "gpu-node-1", "--kubeconfig", kubeconfig)
             killer = threading.Timer(20, proc.kill)
             killer.start()
             seen = []

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from devplugin.allocation.choice import scheduler_choice
-from devplugin.allocation.decision import ContainerKey, Decision, key_of
+from devplugin.allocation.decision import ContainerKey, Decision, key_of, state_dir_name
 from devplugin.allocation.envs import container_envs, decision_envs
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
-from devplugin.allocation.holdings import Holdings
-from devplugin.allocation.identity import find_container, next_app_container
+from devplugin.allocation.holdings import Holding, Holdings
+from devplugin.allocation.identity import find_container, next_app_container, recorded_containers
 from devplugin.allocation.idsets import gpu_label, group_ids, id_index
 from devplugin.allocation.node import Node
 from devplugin.allocation.pairing import PairingBook
@@ -68,6 +68,15 @@ class Grant:
 MountProvider = Callable[[Decision, Node, Sequence[str]], Sequence[MountSpec]]
 
 
+class HeldDevices(Protocol):
+    """A container the kubelet lists as holding devices (PodResources)."""
+
+    namespace: str
+    pod: str
+    container: str
+    devices: Mapping[Kind, Sequence[str]]
+
+
 class PodLookup(Protocol):
     """The pods bound to this node (the pod cache)."""
 
@@ -96,6 +105,9 @@ class Reporter:
 
     def occupancy_changed(self, holdings: Holdings) -> None:
         pass
+
+    def record_holding(self, pod: PodRequest, holding: Holding, node: Node) -> None:
+        """Record on the pod a container learned from the kubelet (restart, or placed without lookup)."""
 
 
 @dataclass
@@ -203,6 +215,55 @@ class Allocator:
         with self._lock:
             if self.holdings.keep_only(held):
                 self.reporter.occupancy_changed(self.holdings)
+
+    def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None) -> None:
+        """The kubelet's PodResources (every container holding our devices, by namespace, pod and container name)
+        joined with the pod cache: forget containers the kubelet no longer lists, learn those it lists that we do
+        not know (after a restart), name containers placed without pod lookup, and write every decision that is
+        not recorded on its pod yet."""
+        by_name = {(p.namespace, p.name): p for p in pods or () if not p.finished}
+        with self._lock:
+            every: dict[Kind, set[str]] = {k: set() for k in Kind}
+            for entry in held:
+                for kind, ids in entry.devices.items():
+                    every[kind].update(ids)
+            changed = bool(self.holdings.keep_only(every))
+            for entry in held:
+                changed |= self._reconcile_one(entry, by_name.get((entry.namespace, entry.pod)))
+            if changed:
+                self.reporter.occupancy_changed(self.holdings)
+
+    def _reconcile_one(self, entry: HeldDevices, pod: PodRequest | None) -> bool:
+        key = ContainerKey(pod.uid, entry.container, entry.namespace, entry.pod) if pod else None
+        ids = [i for kind_ids in entry.devices.values() for i in kind_ids]
+        owners = self.holdings.owners(ids)
+        changed = False
+        if not owners:
+            holder = state_dir_name(key) if key else f"held-{abs(hash((entry.namespace, entry.pod, entry.container)))}"
+            for kind, kind_ids in entry.devices.items():
+                known = id_index(self.node, kind).every
+                good = [i for i in dict.fromkeys(kind_ids) if i in known]
+                if good:
+                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
+                    changed = True
+            owners = {holder}
+            if key:
+                log.info("container %s holds devices (learned from the kubelet)", key,
+                         extra={"fields": {"pod": f"{key.namespace}/{key.pod}", "container": key.container}})
+        if pod is None or key is None:
+            return changed
+        for holder in owners:
+            h = self.holdings.get(holder)
+            if h is None:
+                continue
+            if h.key is None:
+                h.key = key
+                self.reporter.warning(pod, "PlacedWithoutPodLookup",
+                                      f"container {entry.container} was placed by node-local pairing because the "
+                                      "apiserver could not be asked in time; its devices are recorded now")
+            if h.key == key and entry.container not in recorded_containers(pod):
+                self.reporter.record_holding(pod, h, self.node)
+        return changed
 
     def mark_allocated(self, kind: Kind, ids: Sequence[str]) -> None:
         """Devices already held by containers we cannot name (PodResources without pod names)."""

@@ -44,6 +44,7 @@ class Holdings:
             kind: {g.uuid: Counter() for g in node.gpus} for kind in Kind
         }
         self._owner: dict[str, set[str]] = {}  # device ID -> holders
+        self._on_gpu: dict[str, set[str]] = {g.uuid: set() for g in node.gpus}  # GPU UUID -> holders
 
     # ------------------------------------------------------------------ changes
     def add(self, holder: str, key: ContainerKey | None, kind: Kind, groups: Mapping[str, Iterable[str]]) -> None:
@@ -54,6 +55,7 @@ class Holdings:
             new = frozenset(ids) - per_gpu.get(uuid, frozenset())
             per_gpu[uuid] = per_gpu.get(uuid, frozenset()) | new
             self._use[kind][uuid].update(new)
+            self._on_gpu[uuid].add(holder)
             for i in new:
                 self._owner.setdefault(i, set()).add(holder)
 
@@ -63,6 +65,7 @@ class Holdings:
             return None
         for kind, per_gpu in h.ids.items():
             for uuid, ids in per_gpu.items():
+                self._on_gpu[uuid].discard(holder)
                 self._use[kind][uuid].subtract(ids)
                 for i in ids:
                     if self._use[kind][uuid][i] <= 0:
@@ -135,4 +138,4 @@ class Holdings:
         return any(self.used(k, uuid) for k in SHARED_KINDS)
 
     def containers_on(self, uuid: str) -> int:
-        return sum(1 for h in self._by_holder.values() if uuid in h.gpus())
+        return len(self._on_gpu[uuid])

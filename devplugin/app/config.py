@@ -53,6 +53,12 @@ class Config:
         "(gpu-health.json) and reset markers (reset-done/<GPU UUID>)")
     pair_window: float = _opt(
         1.0, "seconds within which a container's gpu-mem and gpu-core.percentage calls are paired", maximum=60.0)
+    lookup_budget: float = _opt(
+        0.3, "seconds an admission may wait for the apiserver to name the pod (when the pod cache has not seen it "
+        "yet); past that the container is placed by node-local pairing and named later", maximum=5.0)
+    health_port: int = _opt(
+        8089, "port of the /healthz and /readyz endpoints (0: none); ready once the node's held devices are known "
+        "and every resource is registered")
     shim: str = _opt("auto", "mount the isolation shim into shared containers: auto (when --shim-lib exists), "
                      "on, off", choices=("auto", "on", "off"))
     shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")

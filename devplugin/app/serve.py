@@ -1,4 +1,10 @@
-"""Build the daemon from settings and run it until SIGTERM."""
+"""`devplugin serve`: connect to the cluster, learn the node's mode, serve it until SIGTERM; follow relabels.
+
+The apiserver is asked through a watch of this node (labels) and of its pods (identity); while it cannot be
+reached, `--mode` / `--placement` serve when given, otherwise the daemon waits, not ready, and keeps trying. A
+change of `ack.node.gpu.schedule` or `ack.node.gpu.placement` is applied (resources re-registered) as soon as no
+container holds GPU units; until then it is logged and reported as a Warning Event on the Node.
+"""
 
 from __future__ import annotations
 
@@ -7,86 +13,194 @@ import signal
 import threading
 from pathlib import Path
 
-from devplugin.allocation.allocator import Allocator, MountProvider
-from devplugin.allocation.node import MODES, Node
-from devplugin.allocation.units import UnitTooFine, check_message_size
+from devplugin.allocation.allocator import MountProvider
+from devplugin.allocation.node import MODES
+from devplugin.allocation.units import UnitTooFine
 from devplugin.app.config import Config
-from devplugin.deviceplugin.daemon import Daemon
-from devplugin.deviceplugin.devices import DeviceBoard
-from devplugin.gpu.health import HealthWatcher
-from devplugin.gpu.health_state import HealthStore
-from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
+from devplugin.app.health_server import HealthServer
+from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
+from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
-from devplugin.kube.labels import resolve
+from devplugin.kube.labels import LABEL_MODE, LABEL_PLACEMENT, NodeSettings, mode_from_labels
 
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
+RELABEL_CHECK_S = 1.0
 
 
-def build(cfg: Config, mounts: MountProvider | None = None) -> tuple[Daemon, HealthWatcher] | None:
-    """The daemon and its health watcher for this node, or None when the node's mode serves nothing."""
-    gpus = enumerate_gpus()
-    settings = resolve(cfg.node_name, cfg.kubeconfig, cfg.apiserver_timeout, cfg.mode, cfg.placement)
-    if settings.mode not in MODES:
-        log.error(
-            "node mode %r (from %s) is not served by this daemon: serving nothing. Label the node "
-            "ack.node.gpu.schedule=core_mem|cgpu|share (or pass --mode when the apiserver is unreachable)",
-            settings.mode, settings.source, extra={"fields": {"node": cfg.node_name}},
-        )
+def connect(cfg: Config, on_labels: object = None) -> KubeLink:
+    """The cluster link: pod cache, node watch and writer; an empty link (node-local only) when the apiserver
+    cannot be configured."""
+    if not cfg.node_name:
+        log.warning("no node name (set NODE_NAME from the downward API, spec.nodeName): no pod identity, no "
+                    "annotations or Events; containers are placed by node-local pairing")
+        return KubeLink()
+    from devplugin.kube.client import KubeConfigError, load_api_client
+    from devplugin.kube.node_watch import NodeWatch
+    from devplugin.kube.pod_cache import PodCache
+    from devplugin.kube.writer import KubeWriter
+
+    try:
+        api = load_api_client(cfg.kubeconfig)
+    except KubeConfigError as exc:
+        log.warning("%s: no pod identity, annotations or Events; containers are placed by node-local pairing", exc,
+                    extra={"fields": {"node": cfg.node_name}})
+        return KubeLink()
+    pods = PodCache(api, cfg.node_name, cfg.resource_domain).start()
+    writer = KubeWriter(api, cfg.node_name).start()
+    watch = NodeWatch(api, cfg.node_name, on_labels or (lambda labels: None)).start()  # type: ignore[arg-type]
+    return KubeLink(pods=pods, node_watch=watch, writer=writer)
+
+
+def settings_from(labels: dict[str, str] | None, cfg: Config) -> NodeSettings | None:
+    """The node's mode and placement: its labels when they are known, else the flags; None when neither says."""
+    if labels is not None:
+        mode = mode_from_labels(labels)
+        placement = labels.get(LABEL_PLACEMENT, cfg.placement)
+        if mode is not None:
+            return NodeSettings(mode, placement, f"node label {LABEL_MODE}={mode}")
+        if cfg.mode:
+            return NodeSettings(cfg.mode, placement, f"flag --mode (node has no {LABEL_MODE} label)")
+        return NodeSettings("", placement, f"node has no {LABEL_MODE} label and no --mode was given")
+    if cfg.mode:
+        return NodeSettings(cfg.mode, cfg.placement, "flag --mode (apiserver not reachable)")
+    return None
+
+
+class Supervisor:
+    """Runs one NodeDaemon at a time; rebuilds it when the node's labels change and no container holds units."""
+
+    def __init__(self, cfg: Config, gpus: list[GPU], mounts: MountProvider | None) -> None:
+        self.cfg = cfg
+        self.gpus = gpus
+        self.mounts = mounts
+        self.stop_event = threading.Event()
+        self.changed = threading.Event()
+        self.link = KubeLink()
+        self.current: NodeDaemon | None = None
+        self.settings: NodeSettings | None = None
+        self.wanted: NodeSettings | None = None
+        self.waiting_why = "starting"
+
+    def on_labels(self, labels: dict[str, str]) -> None:
+        if self.settings is None:  # the first read: _initial_settings takes it from the watch
+            return
+        wanted = settings_from(labels, self.cfg)
+        if wanted is None or (wanted.mode, wanted.placement) == (self.settings.mode, self.settings.placement):
+            self.wanted = None
+            return
+        self.wanted = wanted
+        if self.current is not None and self.link.writer is not None:
+            held = len(self.current.allocator.holdings.holders())
+            msg = (f"GPU mode/placement changed to {wanted.mode or '(none)'}/{wanted.placement} (was "
+                   f"{self.settings.mode}/{self.settings.placement}); " +
+                   (f"applied once the {held} container(s) holding GPU units end" if held else "applying now"))
+            log.warning("%s", msg, extra={"fields": {"node": self.cfg.node_name}})
+            self.link.writer.node_event(self.cfg.node_name, "Warning", "GPUModeChange", msg)  # type: ignore[attr-defined]
+        self.changed.set()
+
+    def ready(self) -> tuple[bool, str]:
+        if self.current is None:
+            return False, self.waiting_why
+        return self.current.ready()
+
+    def run(self) -> int:
+        self.link = connect(self.cfg, self.on_labels)
+        self.settings = self._initial_settings()
+        janitor = None
+        while not self.stop_event.is_set() and self.settings is not None:
+            if self.settings.mode not in MODES:
+                self.waiting_why = (f"node mode {self.settings.mode!r} ({self.settings.source}) is not served: label "
+                                    "the node ack.node.gpu.schedule=core_mem|cgpu|share")
+                log.error("%s; serving nothing until the label changes", self.waiting_why,
+                          extra={"fields": {"node": self.cfg.node_name}})
+                self._wait_for_change(None)
+                continue
+            try:
+                self.current = build(self.cfg, self.gpus, self.settings.mode, self.settings.placement, self.mounts,
+                                     self.link)
+            except (UnitTooFine, ValueError) as exc:
+                log.error("cannot serve: %s", exc)
+                return EXIT_CONFIG
+            log.info("node %s: %d GPUs, mode %s (%s), placement %s", self.cfg.node_name or "?", len(self.gpus),
+                     self.settings.mode, self.settings.source, self.settings.placement,
+                     extra={"fields": {"node": self.cfg.node_name, "mode": self.settings.mode}})
+            try:
+                self.current.start()
+            except NvmlUnavailable as exc:
+                log.error("cannot watch GPU health: %s", exc)
+                self.current.stop()
+                return EXIT_CONFIG
+            if janitor is None:
+                janitor = start_janitor(self.cfg, self.current)
+            self._wait_for_change(self.current)
+            self.current.stop()
+            self.current = None
+        if janitor is not None:
+            janitor.stop()
+        for part in (self.link.node_watch, self.link.pods, self.link.writer):
+            if part is not None:
+                part.stop()  # type: ignore[attr-defined]
+        return 0
+
+    def _initial_settings(self) -> NodeSettings | None:
+        """Labels when the node watch answers within --apiserver-timeout; else the flags; else wait (not ready)."""
+        watch = self.link.node_watch
+        delay = self.cfg.apiserver_timeout
+        while not self.stop_event.is_set():
+            if watch is not None and watch.synced.wait(delay):  # type: ignore[attr-defined]
+                return settings_from(watch.labels(), self.cfg)  # type: ignore[attr-defined]
+            fallback = settings_from(None, self.cfg)
+            if fallback is not None:
+                log.warning("node labels could not be read within %.1f s: using --mode %s and --placement %s until "
+                            "they can", delay, self.cfg.mode, self.cfg.placement,
+                            extra={"fields": {"node": self.cfg.node_name}})
+                return fallback
+            self.waiting_why = ("waiting for the apiserver to read the node's labels (set NODE_NAME and RBAC, or "
+                                "pass --mode)")
+            log.warning("%s", self.waiting_why, extra={"fields": {"node": self.cfg.node_name}})
+            if watch is None:
+                self.stop_event.wait()
+                return None
+            delay = min(delay * 2, 30.0)
         return None
-    unit = cfg.unit()
-    check_message_size(gpus, unit)
-    node = Node(gpus=tuple(gpus), mode=settings.mode, placement=settings.placement, unit=unit,
-                domain=cfg.resource_domain)
-    log.info(
-        "node %s: %d GPUs, mode %s (%s), placement %s, gpu-mem unit %s", cfg.node_name or "?", len(gpus),
-        node.mode, settings.source, node.placement, unit.name,
-        extra={"fields": {"node": cfg.node_name, "gpus": len(gpus), "mode": node.mode}},
-    )
-    for gpu in gpus:
-        log.info("GPU %d: %s, %d MiB, %s", gpu.index, gpu.name, gpu.memory_bytes >> 20, gpu.uuid,
-                 extra={"fields": {"gpu": gpu.uuid, "gpu_index": gpu.index, "numa": gpu.numa_node}})
-    board = DeviceBoard(node)
-    allocator = Allocator(node, pair_window_s=cfg.pair_window, mounts=mounts)
-    daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, cfg.pod_resources_socket)
-    health = HealthWatcher(
-        gpus, on_change=board.set_health, ignored_xids=cfg.ignored_xid_set(), recovery_seconds=cfg.recovery_seconds,
-        reset_xids=cfg.reset_xid_set(), store=HealthStore(Path(cfg.state_dir)),
-    )
-    return daemon, health
+
+    def _wait_for_change(self, current: NodeDaemon | None) -> None:
+        """Until SIGTERM, or a wanted relabel that can be applied (no container holds units)."""
+        while not self.stop_event.is_set():
+            self.changed.wait(RELABEL_CHECK_S)
+            self.changed.clear()
+            wanted = self.wanted
+            if wanted is None:
+                continue
+            if current is not None and current.allocator.holdings.holders():
+                continue
+            log.warning("applying node mode %s, placement %s (%s)", wanted.mode or "(none)", wanted.placement,
+                        wanted.source, extra={"fields": {"node": self.cfg.node_name}})
+            self.settings, self.wanted = wanted, None
+            return
 
 
 def run(cfg: Config) -> int:
     """Serve until SIGTERM or SIGINT; exit code 0 on a clean stop, 2 on a configuration error."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
-        built = build(cfg, mounts=shim_mounts(cfg))
-    except (NvmlUnavailable, UnitTooFine, ValueError) as exc:
+        gpus = enumerate_gpus()
+        mounts = shim_mounts(cfg)
+    except (NvmlUnavailable, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_CONFIG
-    if built is None:
-        stop.wait()
-        return 0
-    daemon, health = built
-    daemon.start()
+    sup = Supervisor(cfg, gpus, mounts)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: (sup.stop_event.set(), sup.changed.set()))
+    server = HealthServer(cfg.health_port, sup.ready).start() if cfg.health_port else None
     try:
-        health.start()
-    except NvmlUnavailable as exc:
-        log.error("cannot watch GPU health: %s", exc)
-        daemon.stop()
-        return EXIT_CONFIG
-    janitor = start_janitor(cfg, daemon)
-    stop.wait()
-    log.info("stopping")
-    if janitor is not None:
-        janitor.stop()
-    health.stop()
-    daemon.stop()
-    return 0
+        return sup.run()
+    finally:
+        log.info("stopped")
+        if server is not None:
+            server.stop()
 
 
 def shim_paths(cfg: Config) -> ShimPaths:
@@ -108,11 +222,11 @@ def shim_mounts(cfg: Config) -> MountProvider | None:
     return shim_provider(paths)
 
 
-def start_janitor(cfg: Config, daemon: Daemon) -> Janitor | None:
+def start_janitor(cfg: Config, nd: NodeDaemon) -> Janitor | None:
     """Clean up shim files of ended containers (at start, then every 10 minutes)."""
-    if daemon.allocator.mounts is None:
+    if nd.allocator.mounts is None:
         return None
     janitor = Janitor(shim_paths(cfg), cfg.pod_resources_socket,
-                      {daemon.node.resource_name(k) for k in daemon.node.kinds})
+                      {nd.node.resource_name(k) for k in nd.node.kinds})
     janitor.start()
     return janitor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from devplugin.allocation.allocator import Allocator
@@ -15,7 +16,6 @@ from devplugin.deviceplugin.registration import RegistrationError, register
 from devplugin.deviceplugin.server import PluginServer
 from devplugin.deviceplugin.servicer import DevicePluginServicer
 from devplugin.deviceplugin.watcher import watch_socket_dir
-from devplugin.kube.podresources import held_devices
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,17 @@ class Daemon:
     """Serves every resource of the node's mode and re-registers when the kubelet restarts."""
 
     def __init__(self, node: Node, plugin_dir: Path, allocator: Allocator, board: DeviceBoard,
-                 pod_resources_socket: str = "") -> None:
+                 sync: Callable[[], bool] | None = None) -> None:
+        """`sync` learns which devices containers already hold (PodResources); the daemon registers with the kubelet
+        only once it succeeded, retrying with backoff until then."""
         self.node = node
         self.plugin_dir = plugin_dir
         self.allocator = allocator
         self.board = board
-        self.pod_resources_socket = pod_resources_socket
+        self.sync = sync
+        self.state_known = threading.Event()
+        if sync is None:
+            self.state_known.set()
         self.servers = {
             kind: PluginServer(plugin_dir, socket_name(node.domain, kind),
                                DevicePluginServicer(kind, allocator, board))
@@ -58,13 +63,16 @@ class Daemon:
 
     def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self._learn_held_devices()
         for server in self.servers.values():
             server.start()
         names = {KUBELET_SOCKET} | {s.socket_name for s in self.servers.values()}
         self._observer = watch_socket_dir(self.plugin_dir, names, self.poke)
         self._worker.start()
         self.poke()
+
+    def registered(self, kind: Kind) -> bool:
+        """Registered with the kubelet that is running now."""
+        return kind in self._registered_with
 
     def poke(self) -> None:
         self._poke.set()
@@ -82,17 +90,6 @@ class Daemon:
         if self._worker.is_alive():
             self._worker.join(timeout=2)
         log.info("stopped; sockets removed", extra={"fields": {"dir": str(self.plugin_dir)}})
-
-    def _learn_held_devices(self) -> None:
-        if not self.pod_resources_socket or not os.path.exists(self.pod_resources_socket):
-            return
-        names = {self.node.resource_name(k): k for k in self.node.kinds}
-        held = held_devices(self.pod_resources_socket, set(names))
-        for resource, ids in (held or {}).items():
-            self.allocator.mark_allocated(names[resource], ids)
-            if ids:
-                log.info("%d %s devices already held by containers", len(ids), resource,
-                         extra={"fields": {"resource": resource, "devices": len(ids)}})
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -117,6 +114,13 @@ class Daemon:
         except FileNotFoundError:
             log.info("waiting for the kubelet: %s does not exist", self.kubelet_socket)
             return
+        if not self.state_known.is_set():
+            if self.sync is not None and self.sync():
+                self.state_known.set()
+            else:
+                self._schedule_retry("the node's held devices are not known yet (the kubelet's PodResources API "
+                                     "did not answer): not registering, so that no device is given twice")
+                return
         for kind, server in self.servers.items():
             if self._registered_with.get(kind) == kubelet_inode:
                 continue

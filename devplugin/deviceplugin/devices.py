@@ -1,4 +1,10 @@
-"""The device lists each resource advertises, and their health; ListAndWatch streams wait on changes here."""
+"""The device lists each resource advertises, and their health; ListAndWatch streams wait on changes here.
+
+Health has two sources. A GPU that raised a critical XID is Unhealthy in every resource. And the kubelet keeps
+separate books per resource, so the board keeps them honest about whole GPUs: while a GPU is held whole (gpu-count)
+its gpu-mem and gpu-core.percentage units are reported Unhealthy (node allocatable drops, the scheduler stops
+counting them); while a GPU holds slices its gpu-count device is reported Unhealthy. Both come back when freed.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+WHOLE = "whole"
+SHARED = "shared"
 
 
 class DeviceBoard:
@@ -24,6 +32,7 @@ class DeviceBoard:
         self._version = 0
         self._closed = False
         self._unhealthy: dict[str, str] = {}  # uuid -> reason
+        self._occupancy: dict[str, str] = {}  # uuid -> WHOLE | SHARED (absent: free)
         self._ids = {kind: {g.uuid: device_ids(g, kind, node.unit) for g in node.gpus} for kind in node.kinds}
         self._messages: dict[Kind, api_pb2.ListAndWatchResponse] = {}
         self._rebuild()
@@ -32,7 +41,9 @@ class DeviceBoard:
         for kind, per_gpu in self._ids.items():
             devices = []
             for gpu in self._node.gpus:
-                health = UNHEALTHY if gpu.uuid in self._unhealthy else HEALTHY
+                taken = self._occupancy.get(gpu.uuid)
+                held_other_way = taken == (SHARED if kind is Kind.COUNT else WHOLE)
+                health = UNHEALTHY if gpu.uuid in self._unhealthy or held_other_way else HEALTHY
                 topo = None
                 if gpu.numa_node is not None:
                     topo = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=gpu.numa_node)])
@@ -56,6 +67,26 @@ class DeviceBoard:
             "GPU %d is now %s: %s", gpu.index, HEALTHY if healthy else UNHEALTHY, reason,
             extra={"fields": {"gpu": uuid, "gpu_index": gpu.index, "healthy": healthy}},
         )
+        return True
+
+    def is_healthy(self, uuid: str) -> bool:
+        """No critical XID holds this GPU down (occupancy aside)."""
+        with self._cond:
+            return uuid not in self._unhealthy
+
+    def unhealthy(self) -> dict[str, str]:
+        with self._cond:
+            return dict(self._unhealthy)
+
+    def set_occupancy(self, occupancy: dict[str, str]) -> bool:
+        """{GPU UUID: WHOLE | SHARED} for GPUs in use; True if the advertised health changed."""
+        with self._cond:
+            if occupancy == self._occupancy:
+                return False
+            self._occupancy = dict(occupancy)
+            self._rebuild()
+            self._version += 1
+            self._cond.notify_all()
         return True
 
     def snapshot(self, kind: Kind) -> tuple[int, api_pb2.ListAndWatchResponse]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import grpc
 
@@ -11,17 +12,27 @@ from devplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def containers_devices(socket_path: str, resource_names: set[str],
-                       timeout_s: float = 3.0) -> list[dict[str, list[str]]] | None:
-    """One {resource: [device IDs]} per container holding any of `resource_names`; None when the kubelet
-    cannot be asked."""
+@dataclass(frozen=True)
+class HeldContainer:
+    """A container the kubelet lists with devices of ours: {resource name: [device IDs]}."""
+
+    namespace: str
+    pod: str
+    container: str
+    devices: dict[str, list[str]]
+
+
+def list_containers(socket_path: str, resource_names: set[str],
+                    timeout_s: float = 3.0) -> list[HeldContainer] | None:
+    """Every container holding any of `resource_names`; None when the kubelet cannot be asked."""
     try:
         with grpc.insecure_channel(f"unix://{socket_path}") as channel:
             resp = api_pb2_grpc.PodResourcesListerStub(channel).List(
                 api_pb2.ListPodResourcesRequest(), timeout=timeout_s
             )
     except grpc.RpcError as exc:
-        log.warning("PodResources at %s not available (%s)", socket_path, exc.code().name)
+        log.warning("PodResources at %s not available (%s): the node's held devices cannot be read yet",
+                    socket_path, exc.code().name, extra={"fields": {"socket": socket_path}})
         return None
     found = []
     for pod in resp.pod_resources:
@@ -31,8 +42,16 @@ def containers_devices(socket_path: str, resource_names: set[str],
                 if dev.resource_name in resource_names:
                     mine.setdefault(dev.resource_name, []).extend(dev.device_ids)
             if mine:
-                found.append(mine)
+                found.append(HeldContainer(pod.namespace, pod.name, container.name, mine))
     return found
+
+
+def containers_devices(socket_path: str, resource_names: set[str],
+                       timeout_s: float = 3.0) -> list[dict[str, list[str]]] | None:
+    """One {resource: [device IDs]} per container holding any of `resource_names`; None when the kubelet
+    cannot be asked."""
+    found = list_containers(socket_path, resource_names, timeout_s)
+    return None if found is None else [c.devices for c in found]
 
 
 def held_devices(socket_path: str, resource_names: set[str]) -> dict[str, list[str]] | None:

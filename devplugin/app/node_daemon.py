@@ -1,0 +1,157 @@
+"""The node daemon, assembled: GPUs, allocator, device-plugin servers, health, node sync and the cluster link.
+
+`build()` makes every part for one node mode; `NodeDaemon.start()` / `stop()` run them. The cluster link (pod
+cache, node watch, writer) lives longer than one NodeDaemon: a relabel rebuilds the daemon but keeps the link.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devplugin.allocation.allocator import Allocator, MountProvider, Reporter
+from devplugin.allocation.holdings import Holdings
+from devplugin.allocation.node import Node
+from devplugin.allocation.requests import PodRequest
+from devplugin.allocation.units import check_message_size
+from devplugin.app.config import Config
+from devplugin.deviceplugin.daemon import Daemon
+from devplugin.deviceplugin.devices import DeviceBoard
+from devplugin.gpu.health import HealthWatcher
+from devplugin.gpu.health_state import HealthStore
+from devplugin.gpu.inventory import GPU
+from devplugin.kube.node_sync import NodeSync
+from devplugin.kube.reporting import ClusterReporter, occupancy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KubeLink:
+    """The daemon's link to the apiserver: pod cache, node watch and the background writer (any may be absent)."""
+
+    pods: object | None = None  # devplugin.kube.pod_cache.PodCache
+    node_watch: object | None = None  # devplugin.kube.node_watch.NodeWatch
+    writer: object | None = None  # devplugin.kube.writer (patches and Events, off the admission path)
+    current: NodeDaemon | None = None  # the daemon serving now (a relabel replaces it)
+
+    def __post_init__(self) -> None:
+        if self.pods is not None:
+            self.pods.add_listener(self._pod_changed)  # type: ignore[attr-defined]
+
+    def _pod_changed(self, event: str, pod: PodRequest) -> None:
+        if self.current is not None:
+            self.current.pod_changed(event, pod)
+
+    def pod_list(self) -> list[PodRequest] | None:
+        """The cached pods, or None while there is no synced cache."""
+        cache = self.pods
+        if cache is None or not cache.synced.is_set():  # type: ignore[attr-defined]
+            return None
+        return cache.pods()  # type: ignore[attr-defined]
+
+
+class CacheLookup:
+    """PodLookup over the pod cache: no view (None) until its first LIST."""
+
+    def __init__(self, link: KubeLink) -> None:
+        self.link = link
+
+    def pods(self) -> list[PodRequest] | None:
+        return self.link.pod_list()
+
+    def fetch_now(self, budget_s: float) -> list[PodRequest] | None:
+        return self.link.pods.fetch_now(budget_s) if self.link.pods is not None else None  # type: ignore[attr-defined]
+
+
+@dataclass
+class NodeDaemon:
+    """Everything that serves one node in one mode."""
+
+    cfg: Config
+    node: Node
+    board: DeviceBoard
+    allocator: Allocator
+    daemon: Daemon
+    health: HealthWatcher
+    sync: NodeSync
+    link: KubeLink = field(default_factory=KubeLink)
+    reporter: ClusterReporter | None = None
+
+    def start(self) -> None:
+        self.link.current = self
+        if self.reporter is not None:
+            self.reporter.start()
+            self.reporter.publish_inventory(self.board.is_healthy)
+        self.daemon.start()
+        self.health.start()
+        self.sync.start()
+
+    def stop(self) -> None:
+        self.sync.stop()
+        self.health.stop()
+        self.daemon.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready once the node's held devices are known and every resource is registered with the kubelet."""
+        if not self.daemon.state_known.is_set():
+            return False, "waiting for the kubelet's PodResources API (the node's held devices are not known yet)"
+        missing = [k.value for k in self.node.kinds if not self.daemon.registered(k)]
+        if missing:
+            return False, f"not registered with the kubelet yet: {', '.join(missing)}"
+        return True, "ok"
+
+    def pod_changed(self, event: str, pod: PodRequest) -> None:
+        """Pod cache listener: units of pods that ended come back at once."""
+        if event == "DELETED" or pod.finished:
+            self.allocator.pod_ended(pod.uid)
+            if self.reporter is not None:
+                self.reporter.forget_pod(pod.uid)
+
+
+def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: MountProvider | None = None,
+          link: KubeLink | None = None) -> NodeDaemon:
+    """All parts for this node; ValueError / UnitTooFine on settings that cannot be served."""
+    unit = cfg.unit()
+    check_message_size(gpus, unit)
+    node = Node(gpus=tuple(gpus), mode=mode, placement=placement, unit=unit, domain=cfg.resource_domain)
+    for gpu in gpus:
+        log.info("GPU %d: %s, %d MiB, %s", gpu.index, gpu.name, gpu.memory_bytes >> 20, gpu.uuid,
+                 extra={"fields": {"gpu": gpu.uuid, "gpu_index": gpu.index, "numa": gpu.numa_node}})
+    link = link or KubeLink()
+    board = DeviceBoard(node)
+    reporter: ClusterReporter | None = None
+    if link.writer is not None and cfg.node_name:
+        reporter = ClusterReporter(node, cfg.node_name, link.writer, board.set_occupancy)  # type: ignore[arg-type]
+    allocator = Allocator(node, pair_window_s=cfg.pair_window, mounts=mounts,
+                          lookup=CacheLookup(link) if link.pods is not None else None,
+                          reporter=reporter or _BoardOnly(node, board), lookup_budget_s=cfg.lookup_budget,
+                          healthy=board.is_healthy)
+    sync = NodeSync(allocator, cfg.pod_resources_socket, link.pod_list)
+    daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync)
+
+    def health_changed(uuid: str, healthy: bool, reason: str) -> bool:
+        changed = board.set_health(uuid, healthy, reason)
+        if changed and reporter is not None:
+            reporter.publish_inventory(board.is_healthy)
+        return changed
+
+    health = HealthWatcher(
+        gpus, on_change=health_changed, ignored_xids=cfg.ignored_xid_set(), recovery_seconds=cfg.recovery_seconds,
+        reset_xids=cfg.reset_xid_set(), store=HealthStore(Path(cfg.state_dir)),
+    )
+    return NodeDaemon(cfg, node, board, allocator, daemon, health, sync, link, reporter)
+
+
+class _BoardOnly(Reporter):
+    """Without an apiserver: still keep the kubelet's view of whole GPUs honest."""
+
+    def __init__(self, node: Node, board: DeviceBoard) -> None:
+        self.node = node
+        self.board = board
+
+    def occupancy_changed(self, holdings: Holdings) -> None:
+        self.board.set_occupancy(occupancy(holdings, self.node))

@@ -1,0 +1,90 @@
+"""Keep the node view in step with the kubelet: PodResources (who holds which devices) joined with the pod cache.
+
+At start the daemon does not register with the kubelet until one sync succeeded: serving "everything free" before
+the node's held devices are known would give devices twice. Afterwards it syncs on a timer and when poked (the pod
+cache reconnected), which also names containers placed while the apiserver could not be asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.node import Node
+from devplugin.allocation.requests import PodRequest
+from devplugin.allocation.units import Kind
+from devplugin.kube.podresources import HeldContainer, list_containers
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL_S = 30.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """HeldContainer with its devices keyed by resource kind (what Allocator.reconcile reads)."""
+
+    namespace: str
+    pod: str
+    container: str
+    devices: Mapping[Kind, Sequence[str]]
+
+
+def by_kind(node: Node, containers: Sequence[HeldContainer]) -> list[Held]:
+    kinds = {node.resource_name(k): k for k in Kind}
+    return [Held(c.namespace, c.pod, c.container, {kinds[r]: ids for r, ids in c.devices.items() if r in kinds})
+            for c in containers]
+
+
+class NodeSync:
+    """Runs Allocator.reconcile from PodResources and the pod cache, now and then."""
+
+    def __init__(self, allocator: Allocator, pod_resources_socket: str,
+                 pods: Callable[[], list[PodRequest] | None] = lambda: None,
+                 interval_s: float = SYNC_INTERVAL_S) -> None:
+        self.allocator = allocator
+        self.socket = pod_resources_socket
+        self.pods = pods
+        self.interval_s = interval_s
+        self.synced = threading.Event()
+        self._poke = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="node-sync", daemon=True)
+
+    def sync(self) -> bool:
+        """One round; False when the kubelet's PodResources could not be read."""
+        node = self.allocator.node
+        found = list_containers(self.socket, {node.resource_name(k) for k in node.kinds})
+        if found is None:
+            return False
+        self.allocator.reconcile(by_kind(node, found), self.pods())
+        if not self.synced.is_set():
+            held = sum(len(ids) for c in found for ids in c.devices.values())
+            log.info("node state known: %d container(s) hold %d device(s)", len(found), held,
+                     extra={"fields": {"containers": len(found), "devices": held}})
+        self.synced.set()
+        return True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._poke.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._poke.set()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._poke.wait(self.interval_s)
+            self._poke.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.sync()
+            except Exception:  # a sync that fails must not end the loop; the next one retries
+                log.exception("node sync failed; retrying in %.0f s", self.interval_s)

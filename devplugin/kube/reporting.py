@@ -1,0 +1,207 @@
+"""What the node daemon tells the cluster: each decision on its pod, Events, and the node's GPUs and room in use.
+
+Called under the allocator's lock on the admission path, so nothing here does I/O: annotations and Events are
+handed to the writer's background queue (retries, backoff, delivered once the apiserver is back); node usage is
+published by a debounced background thread. The annotation formats are the cluster contract
+(devplugin/contract.py, docs/contract.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from devplugin import contract as c
+from devplugin.allocation.allocator import Reporter
+from devplugin.allocation.decision import Decision
+from devplugin.allocation.holdings import Holding, Holdings
+from devplugin.allocation.node import Node
+from devplugin.allocation.requests import PodRequest
+from devplugin.allocation.units import Kind
+from devplugin.deviceplugin.devices import SHARED, WHOLE
+
+log = logging.getLogger(__name__)
+
+USAGE_DEBOUNCE_S = 0.1
+
+
+class Writer(Protocol):
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str,
+                              annotations: dict[str, str | None]) -> None: ...
+
+    def patch_node_annotations(self, name: str, annotations: dict[str, str | None]) -> None: ...
+
+    def pod_event(self, namespace: str, name: str, uid: str, type: str, reason: str,  # noqa: A002
+                  message: str) -> None: ...
+
+    def node_event(self, name: str, type: str, reason: str, message: str) -> None: ...  # noqa: A002
+
+
+def shares_of(decision: Decision, node: Node) -> tuple[c.GpuShare, ...]:
+    """The contract's view of where a container went."""
+    whole = Kind.COUNT in decision.request
+    out = []
+    for uuid in decision.gpus:
+        gpu = node.by_uuid[uuid]
+        mem = node.units(uuid, Kind.MEM) if whole else decision.per_gpu.get(Kind.MEM, 0)
+        core = 100 if whole else decision.per_gpu.get(Kind.CORE, 0)
+        out.append(c.GpuShare(index=gpu.index, uuid=uuid, mem=mem, core=core, whole=whole))
+    return tuple(out)
+
+
+def describe(decision: Decision, node: Node) -> str:
+    """`2 GiB and 30 % of GPU 1 (GPU-...)`, for Events."""
+    gpus = ", ".join(f"GPU {node.by_uuid[u].index} ({u})" for u in decision.gpus)
+    if Kind.COUNT in decision.request:
+        return f"whole {gpus}"
+    parts = []
+    mem = decision.per_gpu.get(Kind.MEM, 0)
+    if mem:
+        parts.append(f"{mem} {node.unit.name}" if node.unit.mib == 1024 else f"{mem} x {node.unit.name}")
+    core = decision.per_gpu.get(Kind.CORE, 0)
+    if core:
+        parts.append(f"{core} %")
+    each = " each" if len(decision.gpus) > 1 else ""
+    return f"{' and '.join(parts) or 'a share'} of {gpus}{each}"
+
+
+def occupancy(holdings: Holdings, node: Node) -> dict[str, str]:
+    out = {}
+    for gpu in node.gpus:
+        if holdings.whole(gpu.uuid):
+            out[gpu.uuid] = WHOLE
+        elif holdings.shared(gpu.uuid):
+            out[gpu.uuid] = SHARED
+    return out
+
+
+def node_usage(holdings: Holdings, node: Node) -> c.NodeUsage:
+    gpus = {}
+    for gpu in node.gpus:
+        gpus[gpu.index] = c.GpuUsage(
+            mem=holdings.used(Kind.MEM, gpu.uuid), core=holdings.used(Kind.CORE, gpu.uuid),
+            containers=holdings.containers_on(gpu.uuid), whole=holdings.whole(gpu.uuid))
+    return c.NodeUsage(gpus=gpus, time_ns=time.time_ns())
+
+
+class ClusterReporter(Reporter):
+    """Records decisions on pods, raises Events, keeps the ListAndWatch health of whole GPUs, publishes usage."""
+
+    def __init__(self, node: Node, node_name: str, writer: Writer,
+                 set_occupancy: Callable[[dict[str, str]], object] = lambda occ: None) -> None:
+        self.node = node
+        self.node_name = node_name
+        self.writer = writer
+        self.set_occupancy = set_occupancy
+        self._recorded: dict[str, dict[str, tuple[c.GpuShare, ...]]] = {}  # pod UID -> container -> shares
+        self._usage: c.NodeUsage | None = None
+        self._usage_due = threading.Event()
+        self._stopping = threading.Event()
+        self._pending_usage: c.NodeUsage | None = None
+        self._thread = threading.Thread(target=self._publish_loop, name="usage-publisher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._usage_due.set()
+
+    # ------------------------------------------------------------------ Reporter
+    def placed(self, decision: Decision, node: Node) -> None:
+        pod = decision.pod
+        if pod is None or decision.key is None:
+            return
+        self.record(pod, decision.key.container, shares_of(decision, node))
+        text = describe(decision, node)
+        reason = "GPUAssigned"
+        if decision.source.startswith("devices reused"):
+            reason = "GPUReused"
+        self.writer.pod_event(pod.namespace, pod.name, pod.uid, "Normal", reason,
+                              f"container {decision.key.container}: {text} ({decision.source})")
+
+    def record(self, pod: PodRequest, container: str, shares: tuple[c.GpuShare, ...]) -> None:
+        """Write (or complete) the pod's record of where its containers went."""
+        mine = self._recorded.setdefault(pod.uid, self._already_recorded(pod))
+        mine[container] = shares
+        annotations: dict[str, str | None] = {
+            c.ANN_ALLOCATED: c.PodAssignment(node=self.node_name, time_ns=time.time_ns(),
+                                             containers=dict(mine)).render(),
+            c.ANN_ALIYUN_ASSIGNED: "true",
+        }
+        first = next((s for name in sorted(mine) for s in mine[name]), None)
+        if first is not None and c.ANN_ALIYUN_MEM_IDX not in pod.annotations:
+            annotations[c.ANN_ALIYUN_MEM_IDX] = str(first.index)
+        if c.ANN_ACK_ALLOCATION in pod.annotations:
+            annotations[c.ANN_ACK_ASSIGNED] = "true"
+        self.writer.patch_pod_annotations(pod.namespace, pod.name, pod.uid, annotations)
+
+    def record_holding(self, pod: PodRequest, holding: Holding, node: Node) -> None:
+        if holding.key is None:
+            return
+        shares = []
+        whole = Kind.COUNT in holding.ids
+        for uuid in sorted(holding.gpus(), key=lambda u: node.by_uuid[u].index):
+            gpu = node.by_uuid[uuid]
+            mem = len(holding.ids.get(Kind.MEM, {}).get(uuid, ()))
+            core = len(holding.ids.get(Kind.CORE, {}).get(uuid, ()))
+            shares.append(c.GpuShare(index=gpu.index, uuid=uuid, mem=node.units(uuid, Kind.MEM) if whole else mem,
+                                     core=100 if whole else core, whole=whole))
+        self.record(pod, holding.key.container, tuple(shares))
+
+    def _already_recorded(self, pod: PodRequest) -> dict[str, tuple[c.GpuShare, ...]]:
+        raw = pod.annotations.get(c.ANN_ALLOCATED)
+        if not raw:
+            return {}
+        try:
+            return dict(c.parse_assignment(raw, c.ANN_ALLOCATED).containers)
+        except c.AnnotationError:
+            return {}
+
+    def refused(self, pod: PodRequest | None, container: str | None, message: str) -> None:
+        if pod is None:
+            return
+        self.writer.pod_event(pod.namespace, pod.name, pod.uid, "Warning", "GPUAllocationFailed",
+                              f"container {container}: {message}")
+
+    def warning(self, pod: PodRequest, reason: str, message: str) -> None:
+        self.writer.pod_event(pod.namespace, pod.name, pod.uid, "Warning", reason, message)
+
+    def unidentified(self, kind: Kind, amount: int, why: str) -> None:
+        pass  # the container is named, and told, once PodResources and the pod cache can name it (see reconcile)
+
+    def occupancy_changed(self, holdings: Holdings) -> None:
+        self.set_occupancy(occupancy(holdings, self.node))
+        self._pending_usage = node_usage(holdings, self.node)  # a snapshot: the publisher thread reads no live state
+        self._usage_due.set()
+
+    def forget_pod(self, pod_uid: str) -> None:
+        self._recorded.pop(pod_uid, None)
+
+    # ------------------------------------------------------------------ node annotations
+    def publish_inventory(self, healthy: Callable[[str], bool]) -> None:
+        inv = c.NodeInventory(
+            mode=self.node.mode, placement=self.node.placement, mem_unit_mib=self.node.unit.mib,
+            domain=self.node.domain,
+            gpus=tuple(c.NodeGpu(index=g.index, uuid=g.uuid, model=g.name,
+                                 mem_units=self.node.units(g.uuid, Kind.MEM), memory_mib=g.memory_bytes >> 20,
+                                 healthy=healthy(g.uuid)) for g in self.node.gpus))
+        self.writer.patch_node_annotations(self.node_name, {c.ANN_NODE_GPUS: inv.render()})
+
+    def _publish_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._usage_due.wait()
+            if self._stopping.is_set():
+                return
+            self._stopping.wait(USAGE_DEBOUNCE_S)
+            self._usage_due.clear()
+            usage = self._pending_usage
+            if usage is None:
+                continue
+            if self._usage is not None and dict(usage.gpus) == dict(self._usage.gpus):
+                continue
+            self._usage = usage
+            self.writer.patch_node_annotations(self.node_name, {c.ANN_NODE_USAGE: usage.render()})
