@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -110,3 +111,36 @@ def test_racing_processes_and_threads_never_overshoot_the_limit_nor_leak(tmp_pat
     assert sum(hammer["oom"] for hammer, _ in results) > 0  # the limit was reached, often
     assert all(hammer["other"] == 0 and hammer["ok"] > 0 for hammer, _ in results)
     assert run(env, "init", "ctx", 0, "fill", "alloc", "64m")[2]["bytes"] == GiB  # and nothing leaked
+
+
+def test_a_slot_whose_process_cannot_be_verified_is_not_kept_forever(node):
+    # A slot with a live pid (this test's) but no start time and no lease: nothing proves its owner is the
+    # process that wrote it, so its memory is given back instead of being held forever.
+    holder_pid = kill_a_lock_holder(node)
+    with open(node.cache, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        slots = 64 + 16 * (96 + 8)
+        assert struct.unpack_from("<i", mm, slots)[0] == holder_pid
+        struct.pack_into("<iiQ", mm, slots, os.getpid(), 0, 0)
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="2g"), "init", "ctx", 0, "fill", "alloc", "256m")
+    assert steps[2]["bytes"] == 2 * GiB
+
+
+def test_a_process_in_another_pid_namespace_keeps_its_memory_counted(node):
+    # Its pid means nothing here (kill and /proc see another process or none): the lease it holds on its slot
+    # is what keeps it alive.
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="2g")
+    holder = subprocess.Popen(["unshare", "-rpf", str(TESTS / "gs_probe"), "gpa", "init", "ctx", "0", "alloc", "1g",
+                               "ready"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = holder.stdout.readline()
+        if not line:
+            pytest.skip(f"no pid namespaces here: {holder.stderr.read().strip()}")
+        until(holder, "ready")
+        steps = run(env, "init", "ctx", 0, "fill", "alloc", "256m")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert steps[2]["bytes"] == 1 * GiB

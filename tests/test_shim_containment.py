@@ -1,0 +1,152 @@
+"""What a container cannot do to its limits or to other containers' accounting, whatever its processes try:
+plant a symlink or a hard link for the usage file, edit the usage file, override the limits from the env, drop
+LD_PRELOAD, or bring the CUDA runtime linked statically."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import stat
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from devplugin import contract
+from tests.shim_probe import (
+    CUDA_ERROR_NOT_PERMITTED,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_SUCCESS,
+    SHIM,
+    TESTS,
+    GiB,
+    MiB,
+    make_node,
+    run,
+    run_full,
+    start,
+    until,
+)
+
+DEV0_LIMIT = 64 + 96  # struct gs_region: the 64-byte header, then dev[0] = {char uuid[96]; uint64_t limit}
+
+
+@pytest.fixture
+def node(tmp_path):
+    return make_node(tmp_path)
+
+
+def neighbour_cache(node, tmp_path: Path) -> Path:
+    """Another container's usage file, with 256 MiB in use by a process that has ended normally."""
+    other = tmp_path / "other"
+    other.mkdir()
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", CUDA_DEVICE_MEMORY_SHARED_CACHE=other / "usage.cache")
+    assert run(env, "init", "ctx", 0, "alloc", "256m")[2]["rc"] == CUDA_SUCCESS
+    return other / "usage.cache"
+
+
+def test_a_symlink_planted_for_the_usage_file_refuses_cuda_and_leaves_the_target_alone(node, tmp_path):
+    target = neighbour_cache(node, tmp_path)
+    before = target.read_bytes()
+    node.cache.symlink_to(target)
+    result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "alloc", "1m")
+    assert [s["rc"] for s in result.steps] == [CUDA_ERROR_NOT_PERMITTED] * 3
+    assert "symbolic link" in result.stderr and str(node.cache) in result.stderr
+    assert target.read_bytes() == before
+
+
+def test_a_hard_link_to_another_container_s_usage_file_is_refused(node, tmp_path):
+    target = neighbour_cache(node, tmp_path)
+    os.link(target, node.cache)
+    result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init")
+    assert result.steps[0]["rc"] == CUDA_ERROR_NOT_PERMITTED
+    assert "one link" in result.stderr
+
+
+def test_the_usage_file_is_created_for_the_container_only(node):
+    old = os.umask(0)
+    try:
+        run(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "alloc", "1m")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(node.cache.stat().st_mode)
+    assert mode == 0o660, oct(mode)  # even with umask 0: never writable by others
+
+
+def limits_file(node, *per_gpu: tuple[int, int]) -> Path:
+    return node.write_limits(contract.Limits(
+        devices=tuple(contract.DeviceLimit(node.uuid(i), mem, 100) for i, mem in per_gpu)))
+
+
+def test_editing_the_usage_file_does_not_raise_the_limit(node):
+    env = node.env(GPUSHARE_LIMITS_FILE=limits_file(node, (0, 1 * GiB)))
+    holder = start(env, "init", "ctx", 0, "alloc", "512m", "ready")
+    try:
+        until(holder, "ready")
+        # A process of the container writes a huge limit into the usage file.
+        with open(node.cache, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+            struct.pack_into("<Q", mm, DEV0_LIMIT, 64 * GiB)
+        steps = run(env, "init", "ctx", 0, "fill", "alloc", "128m", "nvml", 0)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert steps[2]["bytes"] == 512 * MiB  # the limit comes from the read-only limits file only
+    assert steps[3]["total"] == GiB
+
+
+def test_env_overrides_do_not_beat_the_limits_file(node):
+    path = limits_file(node, (0, 1 * GiB))
+    env = node.env(GPUSHARE_LIMITS_FILE=path, NVIDIA_VISIBLE_DEVICES="all", CUDA_DEVICE_MEMORY_LIMIT="64g",
+                   CUDA_DEVICE_MEMORY_LIMIT_0="64g", CUDA_DEVICE_MEMORY_LIMIT_1="64g")
+    result = run_full(env, "init", "ctx", 0, "fill", "alloc", "256m", "ctx", 1, "alloc", "1m")
+    assert result.steps[0]["devices"] == 2  # the process sees both GPUs...
+    assert result.steps[2]["bytes"] == GiB  # ...GPU 0 stays at its limit...
+    assert result.steps[3]["rc"] == CUDA_ERROR_NOT_PERMITTED  # ...and GPU 1, not in the file, cannot be used
+    assert f"CUDA device 1 ({node.uuid(1)}) is not in the limits file" in result.stderr
+
+
+def run_with_ld_so_preload(node, tmp_path: Path, env: dict[str, str], *steps: str | int) -> list[dict]:
+    """Run the probe without LD_PRELOAD, in a user and mount namespace whose /etc/ld.so.preload names the shim."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+    farm, real = tmp_path / "etc", tmp_path / "realetc"
+    farm.mkdir()
+    real.mkdir()
+    script = tmp_path / "ns.sh"
+    script.write_text(
+        "set -e\n"
+        f"mount --bind /etc {real}\n"
+        f"for f in {real}/* {real}/.[!.]*; do [ -e \"$f\" ] && ln -s \"$f\" {farm}/ || true; done\n"
+        f"echo {SHIM} > {farm}/ld.so.preload\n"
+        f"mount --bind {farm} /etc\n"
+        'exec "$@"\n')
+    env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    probe = subprocess.run(["unshare", "-rm", "sh", str(script), str(TESTS / "gs_probe"), "gpa", *map(str, steps)],
+                           env=env, capture_output=True, text=True, timeout=60)
+    if probe.returncode and "unshare" in probe.stderr:
+        pytest.skip(f"no user namespaces here: {probe.stderr.strip()}")
+    assert probe.returncode == 0, probe.stderr
+    return [json.loads(line) for line in probe.stdout.splitlines() if line.strip()]
+
+
+def test_without_ld_preload_the_shim_still_loads_from_ld_so_preload(node, tmp_path):
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g")
+    steps = run_with_ld_so_preload(node, tmp_path, env, "init", "ctx", 0, "fill", "alloc", "256m", "stats", 0)
+    assert steps[2]["bytes"] == GiB and steps[2]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert steps[3]["shim"] is True
+
+
+def test_a_statically_linked_cuda_runtime_is_held_too(node):
+    # cudart_static has no link to libcuda: it dlopens libcuda.so.1 and takes every entry point from
+    # cuGetProcAddress, exactly as gs_probe's "gpa" mode does. The shim's dlsym and cuGetProcAddress hand it
+    # the hooks.
+    ldd = shutil.which("ldd")
+    if ldd:
+        linked = subprocess.run([ldd, str(TESTS / "gs_probe")], capture_output=True, text=True).stdout
+        assert "libcuda" not in linked
+    steps = run(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "fill", "async", "256m",
+                "fill", "create", "256m", mode="gpa")
+    assert [s["bytes"] for s in steps if s["op"] == "fill"] == [GiB, 0]
