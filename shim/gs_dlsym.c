@@ -15,7 +15,7 @@
 
 /* The answer to dlsym(handle, symbol): *answered = 1 and the value to return, or *answered = 0 and libc's
  * dlsym, to be called in the application's place. */
-__attribute__((used)) void *gs_dlsym_answer(void *handle, const char *symbol, int *answered)
+__attribute__((used)) GS_NO_SANITIZE void *gs_dlsym_answer(void *handle, const char *symbol, int *answered)
 {
     gs_dlsym_fn real = gs_real_dlsym();
     *answered = 0;

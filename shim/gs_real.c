@@ -14,7 +14,7 @@ struct gs_real_nvml gs_nvml;
 
 static gs_dlsym_fn libc_dlsym;
 
-gs_dlsym_fn gs_real_dlsym(void)
+GS_NO_SANITIZE gs_dlsym_fn gs_real_dlsym(void)
 {
     gs_dlsym_fn f = __atomic_load_n(&libc_dlsym, __ATOMIC_ACQUIRE);
     if (f)

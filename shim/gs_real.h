@@ -117,9 +117,13 @@ struct gs_real_nvml {
 extern struct gs_real_cuda gs_cu;   /* filled by gs_real_load_cuda; NULL entries: the driver lacks them */
 extern struct gs_real_nvml gs_nvml; /* filled by gs_real_load_nvml */
 
+/* Code on the path of the exported dlsym: sanitizer runtimes call dlsym while they initialise, before their
+ * shadow memory exists, so this code must not be instrumented. */
+#define GS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+
 typedef void *(*gs_dlsym_fn)(void *handle, const char *symbol);
 /* libc's dlsym (the shim exports its own). */
-gs_dlsym_fn gs_real_dlsym(void);
+GS_NO_SANITIZE gs_dlsym_fn gs_real_dlsym(void);
 
 /* Load the real libcuda (GPUSHARE_REAL_LIBCUDA or "libcuda.so.1"). 0, or -1 when it cannot be loaded. */
 int gs_real_load_cuda(void);
