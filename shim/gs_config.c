@@ -133,6 +133,22 @@ static void choose_cache_path(void)
     }
 }
 
+/* What a process's CUDA context is charged. Under the daemon's limits file a process may raise it but not
+ * lower it: the context's memory is real, and a process that declared it smaller would hold more than its
+ * limit. */
+static void load_context_reserve(void)
+{
+    uint64_t v;
+    if (env_size(GS_ENV_CONTEXT_RESERVE, &v) != 1)
+        return;
+    if (gs_cfg.from_file && !strcmp(gs_cfg.limits_path, GS_CONTAINER_LIMITS_PATH) && v < gs_cfg.context_reserve) {
+        GS_INFO("%s below %llu bytes is ignored under the daemon's limits file", GS_ENV_CONTEXT_RESERVE,
+                (unsigned long long)gs_cfg.context_reserve);
+        return;
+    }
+    gs_cfg.context_reserve = v;
+}
+
 void gs_config_load(void)
 {
     memset(&gs_cfg, 0, sizeof gs_cfg);
@@ -151,7 +167,7 @@ void gs_config_load(void)
                 gs_cfg.policy = (enum gs_policy)policy;
         }
     }
-    env_size(GS_ENV_CONTEXT_RESERVE, &gs_cfg.context_reserve);
+    load_context_reserve();
     choose_cache_path();
 }
 

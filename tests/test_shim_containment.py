@@ -108,35 +108,54 @@ def test_env_overrides_do_not_beat_the_limits_file(node):
     assert f"CUDA device 1 ({node.uuid(1)}) is not in the limits file" in result.stderr
 
 
-def run_with_ld_so_preload(node, tmp_path: Path, env: dict[str, str], *steps: str | int) -> list[dict]:
-    """Run the probe without LD_PRELOAD, in a user and mount namespace whose /etc/ld.so.preload names the shim."""
+def run_in_namespace(tmp_path: Path, env: dict[str, str], steps: list[str | int], limits: str | None = None,
+                     ) -> tuple[list[dict], str]:
+    """Run the probe as a container process would, in a user and mount namespace: without LD_PRELOAD, with an
+    /etc/ld.so.preload that names the shim, and (given `limits`) the daemon's read-only limits file at
+    /etc/gpushare/limits with a fresh /var/run/gpushare. Its steps and stderr."""
     if not shutil.which("unshare"):
         pytest.skip("unshare (util-linux) is not installed")
     farm, real = tmp_path / "etc", tmp_path / "realetc"
     farm.mkdir()
     real.mkdir()
-    script = tmp_path / "ns.sh"
-    script.write_text(
-        "set -e\n"
-        f"mount --bind /etc {real}\n"
-        f"for f in {real}/* {real}/.[!.]*; do [ -e \"$f\" ] && ln -s \"$f\" {farm}/ || true; done\n"
-        f"echo {SHIM} > {farm}/ld.so.preload\n"
-        f"mount --bind {farm} /etc\n"
-        'exec "$@"\n')
+    script = ["set -e", f"mount --bind /etc {real}",
+              f"for f in {real}/* {real}/.[!.]*; do [ -e \"$f\" ] && ln -s \"$f\" {farm}/ || true; done",
+              f"echo {SHIM} > {farm}/ld.so.preload"]
+    if limits is not None:
+        (farm / "gpushare").mkdir()
+        (farm / "gpushare" / "limits").write_text(limits)
+        (farm / "gpushare" / "limits").chmod(0o444)
+        script += ["mount -t tmpfs none /run", "mkdir -m 0770 /run/gpushare"]
+    script += [f"mount --bind {farm} /etc", 'exec "$@"']
+    (tmp_path / "ns.sh").write_text("\n".join(script) + "\n")
     env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
-    probe = subprocess.run(["unshare", "-rm", "sh", str(script), str(TESTS / "gs_probe"), "gpa", *map(str, steps)],
-                           env=env, capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(["unshare", "-rm", "sh", str(tmp_path / "ns.sh"), str(TESTS / "gs_probe"), "gpa",
+                            *map(str, steps)], env=env, capture_output=True, text=True, timeout=60)
     if probe.returncode and "unshare" in probe.stderr:
         pytest.skip(f"no user namespaces here: {probe.stderr.strip()}")
     assert probe.returncode == 0, probe.stderr
-    return [json.loads(line) for line in probe.stdout.splitlines() if line.strip()]
+    return [json.loads(line) for line in probe.stdout.splitlines() if line.strip()], probe.stderr
 
 
 def test_without_ld_preload_the_shim_still_loads_from_ld_so_preload(node, tmp_path):
     env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g")
-    steps = run_with_ld_so_preload(node, tmp_path, env, "init", "ctx", 0, "fill", "alloc", "256m", "stats", 0)
+    steps, _ = run_in_namespace(tmp_path, env, ["init", "ctx", 0, "fill", "alloc", "256m", "stats", 0])
     assert steps[2]["bytes"] == GiB and steps[2]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
     assert steps[3]["shim"] is True
+
+
+def test_under_the_daemon_s_limits_file_the_env_cannot_move_the_accounting_nor_shrink_the_context(node, tmp_path):
+    limits = contract.render_limits(contract.Limits(devices=(contract.DeviceLimit(node.uuid(0), GiB, 100),)))
+    elsewhere = tmp_path / "private.cache"
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="64g", GPUSHARE_LIMITS_FILE=node.write_limits(
+        contract.Limits(devices=(contract.DeviceLimit(node.uuid(0), 64 * GiB, 100),)), "generous"),
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=elsewhere, GPUSHARE_CONTEXT_RESERVE=0, CUDA_VISIBLE_DEVICES="0")
+    steps, stderr = run_in_namespace(tmp_path, env, ["init", "ctx", 0, "meminfo", "fill", "alloc", "256m"],
+                                     limits=limits)
+    assert steps[2]["total"] == GiB and steps[2]["free"] == GiB - 256 * MiB  # the default context charge holds
+    assert steps[3]["bytes"] == 768 * MiB  # 1 GiB less the 256 MiB context
+    assert not elsewhere.exists()  # the accounting stayed in the daemon's state directory
+    assert "is ignored: the daemon's limits file /etc/gpushare/limits is mounted" in stderr
 
 
 def test_a_statically_linked_cuda_runtime_is_held_too(node):
