@@ -66,11 +66,12 @@ static void refill(struct gs_region_compute *c, int64_t rate)
 /* --- measuring ------------------------------------------------------------------------------------------------ */
 
 /* The container's utilisation of GPU d (percent), -1 when there is nothing to learn this step. *gpu: the whole
- * GPU's. Falls back to the whole GPU when per-process figures cannot be had (no per-process NVML, a process of
+ * GPU's; *others: the other processes' on the GPU, from the same samples (-1 when unknown). Falls back to the whole GPU when per-process figures cannot be had (no per-process NVML, a process of
  * the container that could not be mapped): a share is then held against the neighbours' use too, never
  * exceeded. */
-static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu)
+static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu, int *others)
 {
+    *others = -1;
     struct watch *w = &watches[d];
     if (!w->nvml && !w->tried++) {
         if (gs_usage_device(gs_gates[d].uuid, &w->nvml) != 0) {
@@ -87,13 +88,13 @@ static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu)
     int cu = -1;
     if (npids > 0 && !unmapped) {
         uint64_t seen = __atomic_load_n(&c->last_seen_us, __ATOMIC_RELAXED);
-        cu = gs_usage_of(w->nvml, pids, npids, &seen, &fresh);
+        cu = gs_usage_of(w->nvml, pids, npids, &seen, &fresh, others);
         __atomic_store_n(&c->last_seen_us, seen, __ATOMIC_RELAXED);
     }
     uint64_t now = now_ns();
     if (cu >= 0 && !fresh) { /* NVML had no newer sample */
         if (*gpu >= 0 && *gpu < 2)
-            fresh = 1, cu = 0; /* the GPU is idle: so is the container */
+            fresh = 1, cu = 0, *others = 0; /* the GPU is idle: so is the container */
         else if (!used)
             return -1;
         else if (!c->unmeasured_since)
@@ -103,6 +104,7 @@ static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu)
         c->unmeasured_since = 0;
     if (cu >= 0 && fresh)
         return cu;
+    *others = -1;
     if (cu >= 0 && now - c->unmeasured_since < GS_UNMEASURED_NS)
         return -1; /* wait for the driver's next sample */
     if (!w->warned_whole++)
@@ -115,13 +117,14 @@ static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu)
 
 /* --- the controller ---------------------------------------------------------------------------------------- */
 
-/* The share of the GPU the bucket aims at this step; *reclaim: give compute back now, without smoothing. */
-static int target_share(struct gs_region_compute *c, int share, int cu, int u, uint64_t now, int *reclaim)
+/* The share of the GPU the bucket aims at this step; *reclaim: give compute back now, without smoothing.
+ * cu: the container's use, others: everyone else's (same samples; -1 unknown: no bursting). */
+static int target_share(struct gs_region_compute *c, int share, int cu, int others, uint64_t now, int *reclaim)
 {
     *reclaim = 0;
-    if (policy != GS_POLICY_DEFAULT || u < 0)
+    if (policy != GS_POLICY_DEFAULT || others < 0)
         return share;
-    int others = u > cu ? u - cu : 0;
+    int u = cu + others > 100 ? 100 : cu + others;
     if (u >= GS_SATURATED && others >= GS_NEIGHBOUR_MIN) {
         *reclaim = __atomic_load_n(&c->allowed, __ATOMIC_RELAXED) > share;
         __atomic_store_n(&c->hold_until, now + GS_HOLD_MS * 1000000ULL, __ATOMIC_RELAXED);
@@ -152,12 +155,12 @@ static void control(int d)
     if (!last || now - last > 10 * period)
         return; /* first step, or the container was away: only take the counters */
     double dt = (double)(now - last) / 1e9;
-    int u = -1;
-    int cu = measure(d, c, used, &u);
+    int u = -1, others;
+    int cu = measure(d, c, used, &u, &others);
     if (cu < 0)
         return;
     int share = gs_gates[d].share, reclaim;
-    int a = target_share(c, share, cu, u, now, &reclaim);
+    int a = target_share(c, share, cu, others, now, &reclaim);
     __atomic_store_n(&c->allowed, a, __ATOMIC_RELAXED);
     __atomic_store_n(&c->used_pct, cu, __ATOMIC_RELAXED);
     __atomic_store_n(&c->gpu_pct, u, __ATOMIC_RELAXED);

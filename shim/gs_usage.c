@@ -121,24 +121,34 @@ int gs_usage_gpu(nvmlDevice_t dev)
 }
 
 /* A pid's samples may come more than once (one per driver sample period): each pid counts with the mean of
- * its samples. */
-static int sum_of(const unsigned *pids, int npids, const unsigned *spid, const unsigned *sm, unsigned n)
+ * its samples. The sum over the pids in `pids` goes to *ours, over all the others to *others. */
+static void sums(const unsigned *pids, int npids, const unsigned *spid, const unsigned *sm, unsigned n, int *ours,
+                 int *others)
 {
-    int total = 0;
-    for (int k = 0; k < npids; k++) {
+    *ours = *others = 0;
+    for (unsigned i = 0; i < n; i++) {
+        int first = 1;
+        for (unsigned j = 0; j < i && first; j++)
+            first = spid[j] != spid[i];
+        if (!first)
+            continue; /* this pid was counted at its first sample */
         unsigned sum = 0, count = 0;
-        for (unsigned i = 0; i < n; i++)
-            if (spid[i] == pids[k]) {
-                sum += sm[i];
+        for (unsigned j = i; j < n; j++)
+            if (spid[j] == spid[i]) {
+                sum += sm[j];
                 count++;
             }
-        if (count)
-            total += (int)((sum + count / 2) / count);
+        int mine = 0;
+        for (int k = 0; k < npids && !mine; k++)
+            mine = pids[k] == spid[i];
+        *(mine ? ours : others) += (int)((sum + count / 2) / count);
     }
-    return total > 100 ? 100 : total;
+    *ours = *ours > 100 ? 100 : *ours;
+    *others = *others > 100 ? 100 : *others;
 }
 
-int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh)
+int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh,
+                int *others)
 {
     static __thread gs_nvml_proc_util_t info_buf[GS_USAGE_MAX_PROCS];
     static __thread gs_nvml_proc_sample_t sample_buf[GS_USAGE_MAX_PROCS];
@@ -147,6 +157,7 @@ int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *las
     unsigned long long newest = *last_seen_us;
     nvmlReturn_t rc;
     *fresh = 0;
+    *others = 0;
     if (nv.info) {
         gs_nvml_procs_util_t info = {GS_NVML_PROCS_UTIL_V1, GS_USAGE_MAX_PROCS, *last_seen_us, info_buf};
         rc = nv.info(dev, &info);
@@ -180,5 +191,7 @@ int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *las
     }
     *fresh = 1;
     *last_seen_us = newest;
-    return sum_of(pids, npids, spid, sm, n);
+    int ours;
+    sums(pids, npids, spid, sm, n, &ours, others);
+    return ours;
 }

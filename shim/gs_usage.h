@@ -22,9 +22,11 @@ int gs_usage_gpu(nvmlDevice_t dev);
 
 /* The summed utilisation of the processes `pids` from per-process samples newer than *last_seen_us (advanced
  * to the newest sample seen): percent of the GPU, 0 when NVML has no newer sample with utilisation
- * (NVML_ERROR_NOT_FOUND), -1 when the driver does not report per-process utilisation. *fresh: 1 when newer
- * samples came back (for any process), 0 when there were none. Uses nvmlDeviceGetProcessesUtilizationInfo
- * where the driver has it (R550+), else nvmlDeviceGetProcessUtilization. */
-int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh);
+ * (NVML_ERROR_NOT_FOUND), -1 when the driver does not report per-process utilisation. *others: the same sum
+ * over every other process in those samples (the neighbours), from the same samples so the two compare.
+ * *fresh: 1 when newer samples came back (for any process), 0 when there were none. Uses
+ * nvmlDeviceGetProcessesUtilizationInfo where the driver has it (R550+), else nvmlDeviceGetProcessUtilization. */
+int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh,
+                int *others);
 
 #endif /* GS_USAGE_H */
