@@ -36,6 +36,7 @@ class Workload:
     grid: int = 1000
     ns_per_block: int = 1000
     queue_us: int = 20000  # work a process may have queued before a launch blocks
+    context_ms: int = 0  # how long creating a context takes
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Container:
     policy: str = "force"
     processes: int = 1
     shim: bool = True
-    start_at: float = 0.0  # seconds after the first container
+    env: dict[str, str] = field(default_factory=dict)  # extra settings of its processes
     pids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -96,11 +97,13 @@ class Run:
             "GPUSHARE_GPU_LOCK_DIR": str(self.work / "gpu-locks"),
             "FAKE_CUDA_NS_PER_BLOCK": str(self.workload.ns_per_block),
             "FAKE_CUDA_QUEUE_US": str(self.workload.queue_us),
+            "FAKE_CUDA_CONTEXT_DELAY_MS": str(self.workload.context_ms),
             "CUDA_DEVICE_SM_LIMIT": str(c.share),
             "GPU_CORE_UTILIZATION_POLICY": c.policy,
         })
         if c.shim:
             env["LD_PRELOAD"] = str(SHIM)
+        env.update(c.env)
         return env
 
     def start(self, c: Container, seconds: float | None = None) -> None:

@@ -66,9 +66,10 @@ static void refill(struct gs_region_compute *c, int64_t rate)
 /* --- measuring ------------------------------------------------------------------------------------------------ */
 
 /* The container's utilisation of GPU d (percent), -1 when there is nothing to learn this step. *gpu: the whole
- * GPU's; *others: the other processes' on the GPU, from the same samples (-1 when unknown). Falls back to the whole GPU when per-process figures cannot be had (no per-process NVML, a process of
- * the container that could not be mapped): a share is then held against the neighbours' use too, never
- * exceeded. */
+ * GPU's; *others: the other processes' on the GPU, from the same samples (-1 when unknown). Falls back to the
+ * whole GPU when per-process figures cannot be had (no per-process NVML, a process of the container that could
+ * not be mapped, processes that launch but never show in the samples): the share is then held against the
+ * neighbours' use too, so it is never exceeded (but a container beside busy neighbours gets less). */
 static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu, int *others)
 {
     *others = -1;
@@ -92,26 +93,29 @@ static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu, 
         __atomic_store_n(&c->last_seen_us, seen, __ATOMIC_RELAXED);
     }
     uint64_t now = now_ns();
-    if (cu >= 0 && !fresh) { /* NVML had no newer sample */
-        if (*gpu >= 0 && *gpu < 2)
+    const char *why = unmapped ? "a process of this container could not be told apart in NVML's process list"
+                      : npids ? "NVML reports no per-process utilisation for this container's processes"
+                              : "NVML reports no per-process utilisation here";
+    if (cu >= 0) {
+        int idle = *gpu >= 0 && *gpu < 2;
+        if (!fresh && idle)
             fresh = 1, cu = 0, *others = 0; /* the GPU is idle: so is the container */
-        else if (!used)
-            return -1;
-        else if (!c->unmeasured_since)
+        /* Launching while NVML shows the container idle and the GPU busy: no newer sample yet (wait for the
+         * driver's next one), or NVML does not see these processes as ours (then measure the whole GPU). */
+        if (!used || idle || (fresh && cu > 0)) {
+            c->unmeasured_since = 0;
+            return fresh ? cu : -1;
+        }
+        if (!c->unmeasured_since)
             c->unmeasured_since = now;
+        if (now - c->unmeasured_since < GS_UNMEASURED_NS)
+            return -1;
+        why = fresh ? "NVML shows no use by this container's processes while they launch kernels"
+                    : "NVML has had no newer per-process sample for a second";
     }
-    if (fresh)
-        c->unmeasured_since = 0;
-    if (cu >= 0 && fresh)
-        return cu;
     *others = -1;
-    if (cu >= 0 && now - c->unmeasured_since < GS_UNMEASURED_NS)
-        return -1; /* wait for the driver's next sample */
     if (!w->warned_whole++)
-        GS_WARN("%s: %s; the compute share is held against the whole GPU's utilisation", gs_gates[d].uuid,
-                unmapped ? "a process of this container could not be told apart in NVML's process list"
-                : npids ? "NVML reports no per-process utilisation for this container's processes"
-                        : "NVML reports no per-process utilisation here");
+        GS_WARN("%s: %s; the compute share is held against the whole GPU's utilisation", gs_gates[d].uuid, why);
     return *gpu;
 }
 

@@ -8,6 +8,7 @@ What each container got is read from the timeline (devplugin_sim.gpu_share), not
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -95,3 +96,41 @@ def test_a_share_without_a_usable_usage_file_is_refused(tmp_path):
     result = run_full(env, "init", "ctx", 0, "launch", 1, 1)
     assert [s["rc"] for s in result.steps] == [CUDA_ERROR_NOT_PERMITTED] * 3
     assert "refusing CUDA" in result.stderr and "compute share" in result.stderr
+
+
+def stats_of(out: str) -> dict:
+    return json.loads(next(line for line in out.splitlines() if '"op":"stats"' in line))
+
+
+def test_containers_starting_together_each_find_their_own_host_pid(gpu, tmp_path):
+    # Contexts take 300 ms to create, and two containers create theirs at the same moment: the per-GPU lock
+    # (GPUSHARE_GPU_LOCK_DIR) serialises the before/after lists, so neither takes the other's pid.
+    run_ = Run(gpu, tmp_path, Workload(context_ms=300), 3.0)
+    a, b = Container("a", share=30, policy="force"), Container("b", share=70, policy="force")
+    try:
+        for c in (a, b):
+            run_.start(c, seconds=0.1)
+        outs = run_.finish()
+    finally:
+        run_.stop()
+    for pid, out in zip(a.pids + b.pids, outs, strict=True):
+        assert stats_of(out)["nvml_pid"] == pid + gpu.host_pid_offset, out
+
+
+def test_a_pid_that_cannot_be_told_apart_is_not_guessed(gpu, tmp_path):
+    # A process outside the shim creates a context while a shim process creates its own (300 ms): two new pids
+    # appear. The shim records none, says so, and holds the share against the whole GPU (never above it).
+    run_ = Run(gpu, tmp_path, Workload(context_ms=300), 3.0)
+    held = Container("held", share=30, policy="force")
+    outsider = Container("outsider", shim=False, env={"FAKE_CUDA_CONTEXT_DELAY_MS": "0"})
+    try:
+        run_.start(held, seconds=1.5)
+        time.sleep(0.1)
+        run_.start(outsider, seconds=1.5)
+        outs = run_.finish()
+    finally:
+        run_.stop()
+    stats = stats_of(outs[0])
+    assert stats["nvml_pid"] == -1, outs[0]
+    assert "could not be told apart" in outs[0] and "whole GPU" in outs[0]
+    assert stats["used_pct"] == stats["gpu_pct"]  # measured as the whole GPU

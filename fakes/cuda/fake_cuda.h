@@ -8,6 +8,7 @@
  *   FAKE_CUDA_CONTEXT_MIB       device memory a process's first context on a GPU takes (default 0)
  *   FAKE_CUDA_NS_PER_BLOCK      simulated kernel time per thread block (default 0: kernels take no time)
  *   FAKE_CUDA_QUEUE_US          work a stream may queue before a launch blocks (default 1000)
+ *   FAKE_CUDA_CONTEXT_DELAY_MS  how long creating a process's first context on a GPU takes (default 0)
  * Kernels of every process run on one shared timeline per GPU in the state file (fake_gpu_timeline.h), from
  * which the fake NVML reports the GPU's and each process context's utilisation; a context registers the
  * process there (NVML lists it under pid + host_pid_offset).

@@ -23,16 +23,24 @@ static void sleep_ns(uint64_t ns)
         ;
 }
 
+static uint64_t context_delay_ns;
+
 static void read_settings(void)
 {
     ns_per_block = fake_env_u64("FAKE_CUDA_NS_PER_BLOCK", 0);
     queue_ns = fake_env_u64("FAKE_CUDA_QUEUE_US", 1000) * 1000ULL;
+    context_delay_ns = fake_env_u64("FAKE_CUDA_CONTEXT_DELAY_MS", 0) * 1000000ULL;
 }
 
+/* A process's first context on a GPU: it takes FAKE_CUDA_CONTEXT_DELAY_MS to create (real ones take 100 ms and
+ * more), then NVML lists the process. */
 void fake_sim_attach(int dev)
 {
     if (!fake_state || dev < 0 || dev >= fake_device_count || __atomic_load_n(&proc_index[dev], __ATOMIC_ACQUIRE))
         return;
+    pthread_once(&sim_once, read_settings);
+    if (context_delay_ns)
+        sleep_ns(context_delay_ns);
     int i = fake_tl_attach(fake_state, (unsigned)fake_devices[dev].config_index);
     if (i < 0)
         fprintf(stderr, "fake libcuda: more than %d processes have contexts; this one is not listed by NVML\n",
