@@ -1,187 +1,312 @@
-"""`devplugin demo`: the real daemon on a simulated node (fake driver, 4 x 15 GiB) against a kubelet emulator.
+"""`devplugin demo`: the real node daemon on a simulated node, linked to a (fake) apiserver, under a kubelet emulator.
 
-It prints what a user checks on a real node: the node's allocatable, which GPU each container got and the env
-and mounts it received, and the clear errors for requests that cannot be honoured; first with binpack, then
-with spread.
+The node has 4 x 15 GiB GPUs (fake driver) and the label ack.node.gpu.schedule=core_mem. Each example pod is
+created in the apiserver bound to the node, then admitted by the kubelet, which calls `devplugin serve` over the
+device-plugin gRPC sockets. The demo prints what a user checks on a real node: the node's allocatable, what each
+container received (env, mounts, and under the shim what CUDA reports), the Events and annotations the daemon
+writes (which GPU each pod got, a scheduler's choice honoured, why a pod was refused), and a whole GPU leaving
+the shared pool and coming back. Then the node is relabelled from binpack to spread and the daemon follows.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-from collections import Counter
+import textwrap
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from devplugin import contract
-from devplugin.allocation.units import decode_id
+from devplugin import contract as c
+from devplugin_sim.demo_cluster import NODE, DemoCluster, until
+from devplugin_sim.demo_inside import SHIM_LIB, inside_view, shim_built
+from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import AdmissionError, ContainerResult, KubeletEmulator
-from devplugin_sim.pods import ContainerSpec, PodSpec
 
-DOMAIN = "aliyun.com"
-MEM, CORE, COUNT = (f"{DOMAIN}/gpu-mem", f"{DOMAIN}/gpu-core.percentage", f"{DOMAIN}/gpu-count")
+DOMAIN = c.DEFAULT_RESOURCE_DOMAIN
+MEM, CORE, COUNT = (f"{DOMAIN}/{c.RESOURCE_MEM}", f"{DOMAIN}/{c.RESOURCE_CORE}", f"{DOMAIN}/{c.RESOURCE_COUNT}")
+SHORT = {MEM: "mem", CORE: "core", COUNT: "count"}
+WIDTH = 80
+GPU_MIB = 15360
 SHOWN_ENVS = ("NVIDIA_VISIBLE_DEVICES", "ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_CONTAINER",
               "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")
-
-EXAMPLES = [
-    ("cuda-sample", {MEM: 2, CORE: 30}, "the seed's job: 2 GiB and 30 % of one GPU"),
-    ("infer-a", {MEM: 4, CORE: 20}, "a small inference server"),
-    ("infer-b", {MEM: 8, CORE: 40}, "a bigger one"),
-    ("train", {MEM: 12, CORE: 50}, "needs most of a GPU"),
-    ("exclusive", {COUNT: 1}, "one whole GPU, no sharing"),
-    ("bad-core", {MEM: 1, CORE: 33}, "33 % is not a multiple of 5: refused"),
-    ("too-big", {MEM: 16, CORE: 10}, "16 GiB: no 15 GiB GPU can hold it: refused"),
-]
+PINNED_GPU = 3  # binpack alone would pick GPU 2 here: the choice is visibly honoured
 
 
-def _say(text: str = "") -> None:
-    print(text, flush=True)
+@dataclass
+class Example:
+    name: str
+    limits: dict[str, int]
+    what: str
+    annotations: dict[str, str] = field(default_factory=dict)
+    detail: bool = False  # print every env and mount (and the view under the shim)
 
 
-REPO = Path(__file__).resolve().parents[1]
-SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
-PROBE = REPO / "build" / "shim" / "tests" / "gs_probe"
-FAKE_CUDA = REPO / "build" / "fakes" / "libcuda.so.1"
-FAKE_NVML = REPO / "build" / "fakes" / "libnvidia-ml.so.1"
+def _say(text: str = "", indent: int = 0, hang: int = 2) -> None:
+    """Print wrapped to 80 columns; continuation lines indented `hang` more."""
+    pad = " " * indent
+    print(textwrap.fill(text, WIDTH, initial_indent=pad, subsequent_indent=pad + " " * hang,
+                        break_long_words=True, break_on_hyphens=False) if text else "", flush=True)
 
 
-def _shim_built() -> bool:
-    return all(p.exists() for p in (SHIM_LIB, PROBE, FAKE_CUDA, FAKE_NVML))
+def _asked(limits: dict[str, int]) -> str:
+    return ", ".join(f"gpu-{SHORT[r]} {v}" for r, v in limits.items())
 
 
-def _start_daemon(driver: FakeDriver, plugin_dir: Path, pod_resources: Path, placement: str,
-                  log_path: Path, shim_state: Path) -> subprocess.Popen:
-    env = {**os.environ, **driver.env(), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--placement", placement,
-           "--plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_resources), "--node-name", "",
-           "--health-port", "0", "--state-dir", str(shim_state.parent / "state")]
-    if _shim_built():
-        cmd += ["--shim", "on", "--shim-lib", str(SHIM_LIB), "--shim-state-dir", str(shim_state)]
-    else:
-        cmd += ["--shim", "off"]
-    return subprocess.Popen(cmd, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
+def _scheduled(uuid: str) -> dict[str, str]:
+    """What a scheduler extender writes before its Binding: GPU 2 for container "main"."""
+    share = c.GpuShare(index=PINNED_GPU, uuid=uuid, mem=4, core=20)
+    return {c.ANN_SCHEDULED: c.PodAssignment(node=NODE, time_ns=time.time_ns(), containers={"main": (share,)}).render()}
 
 
-def _show_allocatable(kubelet: KubeletEmulator) -> None:
-    alloc = kubelet.allocatable()
-    cap = kubelet.capacity()
-    _say("  node status (as `kubectl get node -o yaml` would show it):")
-    for res in sorted(cap):
-        _say(f"    {res}: capacity {cap[res]}, allocatable {alloc.get(res, 0)}")
+def _examples(uuids: list[str]) -> list[Example]:
+    return [
+        Example("cuda-sample", {MEM: 2, CORE: 30}, "the seed's job", detail=True),
+        Example("infer-a", {MEM: 4, CORE: 20}, "a small inference server"),
+        Example("infer-b", {MEM: 8, CORE: 40}, "a bigger one"),
+        Example("train", {MEM: 12, CORE: 50}, "needs most of a GPU"),
+        Example("notebook", {MEM: 1}, "memory only: placed alone"),
+        Example("pinned", {MEM: 4, CORE: 20}, f"the scheduler chose GPU {PINNED_GPU}",
+                annotations=_scheduled(uuids[PINNED_GPU])),
+        Example("exclusive", {COUNT: 1}, "one whole GPU, no sharing"),
+        Example("bad-core", {MEM: 1, CORE: 33}, "33 % is not a multiple of 5"),
+        Example("too-big", {MEM: 16, CORE: 10}, "no 15 GiB GPU holds 16 GiB"),
+    ]
 
 
-def _show_usage(kubelet: KubeletEmulator, uuids: list[str]) -> None:
-    """Per GPU, what the admitted containers hold (from the kubelet's own allocations)."""
-    used: Counter[tuple[str, str]] = Counter()  # (GPU UUID, resource) -> devices
-    for containers in kubelet.allocations().values():
-        for resources in containers.values():
-            used.update((decode_id(dev)[0], res) for res, ids in resources.items() for dev in ids)
-    totals = Counter((decode_id(dev)[0], res) for res in (MEM, CORE, COUNT) for dev in kubelet.devices(res))
-    _say("  per GPU, held by containers (what `kubectl inspect gpushare` would show):")
-    for i, gpu in enumerate(uuids):
-        u = {res: used[gpu, res] for res in (MEM, CORE, COUNT)}
-        t = {res: totals[gpu, res] for res in (MEM, CORE, COUNT)}
-        whole = " (whole, gpu-count)" if u.get(COUNT) else ""
-        _say(f"    GPU{i}: gpu-mem {u.get(MEM, 0):>2}/{t.get(MEM, 0)} GiB, "
-             f"gpu-core {u.get(CORE, 0):>3}/{t.get(CORE, 0)} %{whole}")
-
-
-def _show_inside(driver: FakeDriver, c: ContainerResult) -> None:
-    """Run a CUDA program under the shim with what the container received, as the container would."""
-    mounts = {m.container_path: m.host_path for m in c.mounts}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPUSHARE_", "LD_PRELOAD"))}
-    env.update(driver.env())
-    env.update(c.envs)
-    env.update({
-        "LD_PRELOAD": mounts[contract.CONTAINER_LIB_PATH],
-        contract.ENV_LIMITS_FILE: mounts[contract.CONTAINER_LIMITS_PATH],
-        contract.ENV_SHARED_CACHE: str(Path(mounts[contract.CONTAINER_STATE_DIR]) / "usage.cache"),
-        contract.ENV_REAL_LIBCUDA: str(FAKE_CUDA), contract.ENV_REAL_LIBNVML: str(FAKE_NVML),
-        "GS_PROBE_LIBCUDA": str(FAKE_CUDA), "GS_PROBE_LIBNVML": str(FAKE_NVML),
-    })
-    steps = ["init", "ctx", "0", "meminfo", "nvml", "0", "fill", "alloc", "64m", "meminfo"]
-    proc = subprocess.run([str(PROBE), "gpa", *steps], env=env, capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        _say(f"      (the CUDA probe failed: {proc.stderr.strip()})")
-        return
-    out = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-    by_op: dict[str, list[dict]] = {}
-    for step in out:
-        by_op.setdefault(step["op"], []).append(step)
-    mib = 1 << 20
-    first, nvml, fill = by_op["meminfo"][0], by_op.get("nvml", [{}])[0], by_op["fill"][0]
-    _say("      inside the container, under the shim (a CUDA program on the simulated 15 GiB GPU):")
-    _say(f"        cuMemGetInfo: total {first['total'] // mib} MiB, free {first['free'] // mib} MiB")
-    if "total" in nvml:
-        _say(f"        NVML (what nvidia-smi shows): total {nvml['total'] // mib} MiB")
-    _say(f"        allocating 64 MiB blocks: {fill['bytes'] // mib} MiB granted, then error {fill['rc']} "
-         "(CUDA_ERROR_OUT_OF_MEMORY)")
-
-
-def _admit_examples(kubelet: KubeletEmulator, driver: FakeDriver) -> list[str]:
-    admitted = []
-    for name, limits, what in EXAMPLES:
-        pod = PodSpec(name=name, containers=[ContainerSpec(name="main", limits=dict(limits))])
-        asked = ", ".join(f"{r.split('/')[1]}={v}" for r, v in limits.items())
-        try:
-            result = kubelet.admit(pod)
-        except AdmissionError as exc:
-            _say(f"  x {name:<12} ({asked}; {what})")
-            _say(f"      refused: {exc}")
-            continue
-        admitted.append(pod.uid)
-        c = result.containers[0]
-        _say(f"  + {name:<12} ({asked}; {what})")
-        _say(f"      GPU {c.envs.get('ALIYUN_COM_GPU_MEM_IDX', '?')}   order of calls: {', '.join(c.calls)}")
+# --- one pod ------------------------------------------------------------------------------------------------
+def _show_granted(cl: DemoCluster, ex: Example, got: ContainerResult) -> None:
+    event = cl.wait_event(ex.name, "Normal")
+    if event is not None:
+        _say(f"Event Normal {event['reason']}: {event['message']}", 6, 4)
+    if ex.detail:
+        calls = ", ".join(f"{call.split()[0].replace('Allocation', '')} {SHORT.get(call.split()[1], '?')}"
+                          for call in got.calls)
+        _say(f"the kubelet's calls, in its random order: {calls}", 6, 4)
         for key in SHOWN_ENVS:
-            if key in c.envs:
-                _say(f"      {key}={c.envs[key]}")
-        if c.mounts:
-            listed = ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in c.mounts)
-            _say(f"      mounts: {listed}")
-        if name == "cuda-sample" and c.mounts and _shim_built():
-            _show_inside(driver, c)
+            if key in got.envs:
+                _say(f"{key}={got.envs[key]}", 6, 4)
+        if got.mounts:
+            listed = ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in got.mounts)
+            _say(f"mounts: {listed}", 6, 4)
+        record = until(lambda: cl.allocated(ex.name), 5)
+        ann = cl.api.pod("default", ex.name)["metadata"].get("annotations") or {}
+        if record is not None:
+            shown = json.dumps(json.loads(record.render()), separators=(", ", ": "))
+            _say(f"annotations written: {c.ANN_ALLOCATED}: {shown}", 6, 4)
+            _say(f"{c.ANN_ALIYUN_MEM_IDX}: {ann.get(c.ANN_ALIYUN_MEM_IDX)}, "
+                 f"{c.ANN_ALIYUN_ASSIGNED}: {ann.get(c.ANN_ALIYUN_ASSIGNED)}", 8, 4)
+        if got.mounts and shim_built():
+            _say("inside the container, under the shim (a CUDA program, 15 GiB GPU):", 6)
+            for line in inside_view(cl.driver, got):
+                _say(line, 8, 2)
+        return
+    limits = [f"{k}={got.envs[k]}" for k in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT") if k in got.envs]
+    _say(f"env: NVIDIA_VISIBLE_DEVICES=GPU {got.envs.get('ALIYUN_COM_GPU_MEM_IDX', '?')}'s UUID"
+         + (", " + ", ".join(limits) if limits else ""), 6, 4)
+
+
+def _show_refused(cl: DemoCluster, ex: Example, exc: AdmissionError) -> None:
+    code = re.search(r"code = (\w+)", str(exc))
+    _say(f"the daemon refused it ({code.group(1) if code else 'error'}), so the kubelet fails the pod "
+         f"({exc.reason}). `kubectl describe pod {ex.name}` shows:", 6, 4)
+    event = cl.wait_event(ex.name, "Warning")
+    if event is None:
+        _say(f"(no Warning Event within 5 s; the kubelet said: {exc})", 8, 2)
+        return
+    _say(f"Warning  {event['reason']}  {event['message']}", 8, 2)
+
+
+def _admit(cl: DemoCluster, ex: Example) -> dict | None:
+    """Create the pod bound to the node, let the kubelet admit it, print what happened; the pod if admitted."""
+    pod = cl.create_pod(ex.name, ex.limits, ex.annotations)
+    try:
+        got = cl.admit(pod).containers[0]
+    except AdmissionError as exc:
+        _say(f"x {ex.name:<12} {_asked(ex.limits)}: {ex.what}", 2, 4)
+        _show_refused(cl, ex, exc)
+        return None
+    _say(f"+ {ex.name:<12} {_asked(ex.limits)}: {ex.what}", 2, 4)
+    _show_granted(cl, ex, got)
+    return pod
+
+
+# --- the node -----------------------------------------------------------------------------------------------
+def _show_node_status(cl: DemoCluster) -> None:
+    cap, alloc = cl.kubelet.capacity(), cl.kubelet.allocatable()
+    _say("node status (as `kubectl get node -o yaml` shows it):", 2)
+    for res in sorted(cap):
+        _say(f"{res}: capacity {cap[res]}, allocatable {alloc.get(res, 0)}", 4)
+
+
+def _show_per_gpu(cl: DemoCluster, pods: list[dict]) -> None:
+    """Pods by name on each GPU, from what the daemon wrote: each pod's gpushare.io/allocated annotation and the
+    node's gpushare.io/gpu-usage annotation."""
+    names = [p["metadata"]["name"] for p in pods]
+
+    def settled() -> c.NodeUsage | None:
+        usage = cl.node_usage()
+        if usage is None or sum(u.containers for u in usage.gpus.values()) != len(names):
+            return None
+        return usage if all(cl.allocated(n) for n in names) else None
+
+    usage = until(settled, 10) or cl.node_usage()
+    on_gpu: dict[int, list[str]] = {}
+    for name in names:
+        record = cl.allocated(name)
+        for shares in (record.containers.values() if record else ()):
+            for share in shares:
+                on_gpu.setdefault(share.index, []).append(name)
+    _say(f"per GPU (the node's {c.ANN_NODE_USAGE} annotation; pods by their {c.ANN_ALLOCATED} "
+         "annotation):", 2, 2)
+    for index in range(len(cl.driver.gpus)):
+        u = usage.gpus.get(index, c.GpuUsage()) if usage else c.GpuUsage()
+        room = "whole (gpu-count)".ljust(19) if u.whole else f"{u.mem:>2}/15 GiB {u.core:>3}/100 %"
+        _say(f"GPU {index}  {room}  {', '.join(on_gpu.get(index, [])) or '-'}", 4, 28)
+
+
+def _allocatable_row(kubelet: KubeletEmulator, when: str) -> None:
+    a = kubelet.allocatable()
+    _say(f"{when:<22}{a.get(MEM, 0):>9}{a.get(CORE, 0):>10}{a.get(COUNT, 0):>11}", 4)
+
+
+def _show_whole_gpu_cycle(cl: DemoCluster, exclusive: dict | None, before: dict[str, int]) -> None:
+    """The kubelet's allocatable before the gpu-count pod, while it runs, then after it ends."""
+    if exclusive is None:
+        _say("(the gpu-count pod was not admitted: nothing to take out of the shared pool)", 2)
+        return
+    record = cl.allocated(exclusive["metadata"]["name"])
+    held = ", ".join(f"GPU {s.index}" for shares in (record.containers.values() if record else ()) for s in shares)
+    _say(f"a whole GPU leaves the shared pool and comes back: while exclusive holds {held or 'its GPU'} its gpu-mem "
+         "and gpu-core units are Unhealthy in ListAndWatch (and a GPU holding slices has its gpu-count device "
+         "Unhealthy), so the scheduler stops counting them:", 2, 2)
+    _say(f"{'allocatable':<22}{'gpu-mem':>9}{'gpu-core':>10}{'gpu-count':>11}", 4)
+    _say(f"{'before exclusive':<22}{before.get(MEM, 0):>9}{before.get(CORE, 0):>10}{before.get(COUNT, 0):>11}", 4)
+    out = {MEM: before.get(MEM, 0) - GPU_MIB // 1024, CORE: before.get(CORE, 0) - c.CORE_PER_GPU}
+    cl.kubelet.wait_for(lambda k: all(k.allocatable().get(r) == n for r, n in out.items()), timeout=5)
+    _allocatable_row(cl.kubelet, "while exclusive runs")
+    cl.end_pod(exclusive)
+    cl.kubelet.wait_for(lambda k: all(k.allocatable().get(r) == before.get(r) for r in (MEM, CORE)), timeout=5)
+    _allocatable_row(cl.kubelet, "after it ended")
+
+
+# --- rounds -------------------------------------------------------------------------------------------------
+def _wait_ready(cl: DemoCluster, placement: str, timeout: float = 30) -> bool:
+    t0 = time.monotonic()
+
+    def ready() -> bool:
+        registered = all(cl.kubelet.allocatable().get(r, 0) > 0 for r in (MEM, CORE, COUNT))
+        raw = (cl.api.node(NODE)["metadata"].get("annotations") or {}).get(c.ANN_NODE_GPUS)
+        inv = c.parse_inventory(raw) if raw else None
+        return registered and inv is not None and inv.placement == placement and cl.readyz()[0] == 200
+
+    if not until(ready, timeout):
+        return False
+    _say(f"ready in {time.monotonic() - t0:.1f} s: GET /readyz -> 200 {cl.readyz()[1]}", 2)
+    return True
+
+
+def _binpack_round(cl: DemoCluster) -> list[dict]:
+    uuids = [g.uuid for g in cl.driver.gpus]
+    _show_node_status(cl)
+    _say()
+    _say("pods, each created in the apiserver bound to the node, then admitted by the kubelet:", 2)
+    admitted: list[dict] = []
+    exclusive: dict | None = None
+    before_exclusive: dict[str, int] = {}
+    for ex in _examples(uuids):
+        if ex.limits.get(COUNT):
+            before_exclusive = cl.kubelet.allocatable()
+        pod = _admit(cl, ex)
+        if pod is not None:
+            admitted.append(pod)
+            if ex.limits.get(COUNT):
+                exclusive = pod
+    _say()
+    _show_per_gpu(cl, admitted)
+    _say()
+    _show_whole_gpu_cycle(cl, exclusive, before_exclusive)
+    for pod in admitted:
+        cl.delete_pod(pod)
     return admitted
+
+
+def _spread_round(cl: DemoCluster) -> None:
+    _say("the same shared pods again, and one that Alibaba's scheduler extender placed "
+         f"({c.ANN_ALIYUN_MEM_IDX}=3):", 2, 2)
+    admitted = []
+    examples = [Example(ex.name + "-2", ex.limits, ex.what) for ex in _examples([g.uuid for g in cl.driver.gpus])[:4]]
+    examples.append(Example("ali-pinned", {MEM: 2}, "", {c.ANN_ALIYUN_MEM_IDX: "3",  # spread alone: GPU 0
+                                                        c.ANN_ALIYUN_ASSUME_TIME: str(time.time_ns()),
+                                                        c.ANN_ALIYUN_ASSIGNED: "false"}))
+    for ex in examples:
+        pod = cl.create_pod(ex.name, ex.limits, ex.annotations)
+        try:
+            got = cl.admit(pod).containers[0]
+        except AdmissionError as exc:
+            _say(f"x {ex.name} refused: {exc}", 4, 4)
+            continue
+        admitted.append(pod)
+        _say(f"+ {ex.name:<14} {_asked(ex.limits):<24} -> GPU {got.envs.get('ALIYUN_COM_GPU_MEM_IDX', '?')}", 4)
+    _show_per_gpu(cl, admitted)
+    for pod in admitted:
+        cl.delete_pod(pod)
+
+
+def _run(cl: DemoCluster) -> int:
+    _say("=== devplugin serve: simulated node, 4 x 15 GiB GPUs, core_mem, binpack ===")
+    _say(f"node {NODE} in a fake apiserver, labelled {c.LABEL_MODE}=core_mem and {c.LABEL_PLACEMENT}=binpack; "
+         "a kubelet emulator admits its pods over the device-plugin gRPC", 2, 2)
+    _say(" ".join(cl.serve()), 2, 4)
+    if not _wait_ready(cl, "binpack"):
+        return _failed(cl, "the daemon did not become ready in 30 s")
+    _binpack_round(cl)
+    _say()
+    _say("=== relabel: ack.node.gpu.placement=spread ===")
+    _say("no container holds GPU units, so the daemon applies it at once (re-registers):", 2, 2)
+    cl.label_node({c.LABEL_PLACEMENT: "spread"})
+    if not _wait_ready(cl, "spread"):
+        return _failed(cl, "the daemon did not follow the relabel in 30 s")
+    _spread_round(cl)
+    _say()
+    code = cl.stop_daemon()
+    left = sorted(p.name for p in cl.kubelet.plugin_dir.glob(f"{DOMAIN}-*.sock"))
+    _say(f"SIGTERM: daemon exited {code}, its sockets left behind: {', '.join(left) or 'none'}")
+    return code
+
+
+def _failed(cl: DemoCluster, why: str) -> int:
+    _say(f"{why}; the daemon's log ({cl.log_path}):")
+    cl.kill_daemon()
+    print(cl.log_path.read_text(errors="replace")[-4000:], flush=True)
+    return 1
 
 
 def run_demo(keep: bool = False) -> int:
     root = Path(tempfile.mkdtemp(prefix="gsdemo-", dir="/tmp"))
-    driver = FakeDriver.create(root / "driver", seed_node(4, 15360))
-    plugin_dir = root / "device-plugins"
-    pod_resources = root / "pod-resources" / "kubelet.sock"
-    log_path = root / "daemon.log"
-    status = 0
+    driver = FakeDriver.create(root / "driver", seed_node(4, GPU_MIB))
+    if shim_built():
+        shim_args = ["--shim", "on", "--shim-lib", str(SHIM_LIB), "--shim-state-dir", str(root / "shim")]
+    else:
+        shim_args = ["--shim", "off"]
+    status = 1
     try:
-        with KubeletEmulator(plugin_dir, pod_resources, seed=7) as kubelet:
-            for placement in ("binpack", "spread"):
-                _say(f"=== devplugin serve on a simulated node: 4 x 15 GiB GPUs, mode core_mem, {placement} ===")
-                daemon = _start_daemon(driver, plugin_dir, pod_resources, placement, log_path, root / "shim")
-                ok = kubelet.wait_for(lambda k: {MEM, CORE, COUNT} <= set(k.allocatable()) and
-                                      all(k.allocatable()[r] > 0 for r in (MEM, CORE, COUNT)), timeout=30)
-                if not ok:
-                    _say(f"the daemon did not register in 30 s; its log is {log_path}:")
-                    _say(log_path.read_text())
-                    daemon.kill()
-                    return 1
-                _show_allocatable(kubelet)
-                _say("  admitting example pods (the kubelet calls each resource in random order):")
-                uids = _admit_examples(kubelet, driver)
-                _show_usage(kubelet, [g.uuid for g in driver.gpus])
-                for uid in uids:
-                    kubelet.remove_pod(uid)
-                daemon.send_signal(signal.SIGTERM)
-                code = daemon.wait(timeout=15)
-                left = sorted(p.name for p in plugin_dir.glob(f"{DOMAIN}-*.sock"))
-                _say(f"  SIGTERM: daemon exited {code}, its sockets left behind: {left or 'none'}")
-                _say()
-                status = status or code
-        _say(f"daemon log: {log_path}" if keep else "")
+        with FakeApiserver() as api, KubeletEmulator(root / "device-plugins", root / "pod-resources" / "kubelet.sock",
+                                                     seed=7) as kubelet:
+            api.add_node(NODE, labels={c.LABEL_MODE: "core_mem", c.LABEL_PLACEMENT: "binpack"})
+            cl = DemoCluster(root, driver, api, kubelet, shim_args)
+            try:
+                status = _run(cl)
+            finally:
+                cl.kill_daemon()
+        if keep:
+            _say(f"daemon log: {root / 'daemon.log'}")
     finally:
+        driver.close()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     return status
+
