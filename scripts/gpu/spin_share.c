@@ -1,12 +1,14 @@
 /* A compute load without PyTorch or the CUDA toolkit: a PTX kernel that spins for a number of GPU clock
  * cycles, JIT-compiled by the driver, launched back to back through cuGetProcAddress_v2 (as the CUDA runtime
- * does). Prints the kernels completed per second as JSON lines, for spin_share.py.
- *   spin_share SECONDS [CYCLES]        (CYCLES per kernel, default 200000) */
+ * does). Prints the kernels completed per tick as JSON lines, for spin_share.py and share_containers.py, and
+ * at the end the shim's compute-share state when the shim is loaded.
+ *   spin_share SECONDS [CYCLES] [TICK_MS]   (CYCLES per kernel, default 200000; TICK_MS default 1000) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gs_cuda_types.h"
 
@@ -66,6 +68,7 @@ int main(int argc, char **argv)
 {
     double seconds = argc > 1 ? atof(argv[1]) : 10;
     unsigned long long cycles = argc > 2 ? strtoull(argv[2], NULL, 10) : 200000;
+    double tick_s = argc > 3 ? atof(argv[3]) / 1000.0 : 1.0;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     gpa = lib ? (gpa_fn)dlsym(lib, "cuGetProcAddress_v2") : NULL;
     if (!gpa) {
@@ -96,7 +99,7 @@ int main(int argc, char **argv)
     CHECK(alloc(&out, 64));
     void *params[] = {&cycles, &out};
     unsigned grid = (unsigned)sms * 4;
-    double start = now(), tick = start + 1;
+    double start = now(), tick = start + tick_s;
     long done = 0;
     while (now() < start + seconds) {
         for (int i = 0; i < 4; i++)
@@ -104,11 +107,21 @@ int main(int argc, char **argv)
         CHECK(sync());
         done += 4;
         if (now() >= tick) {
-            printf("{\"op\":\"second\",\"kernels\":%ld}\n", done);
+            printf("{\"op\":\"second\",\"kernels\":%ld,\"t\":%.3f}\n", done, now() - start);
             fflush(stdout);
             done = 0;
-            tick += 1;
+            tick += tick_s;
         }
     }
+    struct {
+        long long rate;
+        unsigned long long spent, draws, waits;
+        int active, sm_limit, allowed, used_pct, gpu_pct, nvml_pid;
+    } st;
+    int (*stats)(int, void *, size_t) = (int (*)(int, void *, size_t))dlsym(RTLD_DEFAULT, "gpushare_share_stats");
+    if (stats && stats(0, &st, sizeof st) == 0)
+        printf("{\"op\":\"share\",\"active\":%d,\"allowed\":%d,\"used_pct\":%d,\"gpu_pct\":%d,\"nvml_pid\":%d,"
+               "\"pid\":%d,\"waits\":%llu}\n", st.active, st.allowed, st.used_pct, st.gpu_pct, st.nvml_pid,
+               (int)getpid(), st.waits);
     return 0;
 }
