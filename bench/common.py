@@ -25,11 +25,16 @@ def workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="gsbench-", dir="/tmp"))
 
 
-def start_daemon(driver: FakeDriver, root: Path, *args: str) -> subprocess.Popen:
+def start_daemon(driver: FakeDriver, root: Path, *args: str, node_name: str = "", kubeconfig: str = "",
+                 log_level: str = "WARNING") -> subprocess.Popen:
+    """`devplugin serve` on the fake node; its state, health and shim directories under `root` (nothing under
+    /var/lib or /var/run, no health port). With `node_name` and `kubeconfig` it links to that apiserver."""
     env = {**os.environ, **driver.env(), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--node-name", "",
-           "--plugin-dir", str(root / "dp"), "--pod-resources-socket", str(root / "pr.sock"), "--shim", "off",
-           "--log-level", "WARNING", *args]
+    env.pop("NODE_NAME", None)
+    cmd = [sys.executable, "-m", "devplugin", "serve", "--mode", "core_mem", "--node-name", node_name,
+           "--kubeconfig", kubeconfig, "--plugin-dir", str(root / "dp"),
+           "--pod-resources-socket", str(root / "pr.sock"), "--shim", "off", "--state-dir", str(root / "state"),
+           "--shim-state-dir", str(root / "shim"), "--health-port", "0", "--log-level", log_level, *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -8,6 +8,13 @@
 // Prints one line: admissions=N refused=N p50_ms=X p99_ms=X max_ms=X, then per-call medians that say where the
 // time goes: gpa_p50_ms, allocate_p50_ms (one RPC each, both resources) and empty_rpc_p50_ms (GetDevicePluginOptions,
 // the transport and server floor), and warmup=, mem_ids=, core_ids=.
+//
+// With --driven the workload comes from standard input instead, one command a line, for a driver that must act
+// between admissions (bench/admission.py adds each pod to the fake apiserver first); each answer is one line:
+//   admit ID mem=N core=N   (resources in the order to call them; one may be left out)
+//                           -> ok ID total_ms=X gpa_ms=X allocate_ms=X    or    refused ID <the plugin's message>
+//   release ID              -> released ID   (its device IDs are offered as available again)
+// It first prints: ready empty_rpc_p50_ms=X mem_ids=N core_ids=N.
 
 #include <grpcpp/grpcpp.h>
 
@@ -127,6 +134,7 @@ struct Options {
   uint64_t seed = 1;
   long admissions = 2000;
   long warmup = 50;
+  bool driven = false;
 };
 
 [[noreturn]] void die(const std::string& msg) {
@@ -144,13 +152,18 @@ long parse_count(const char* flag, const char* value) {
 
 Options parse_args(int argc, char** argv) {
   const char* usage =
-      "usage: admission_client --mem-socket PATH --core-socket PATH [--seed N] [--admissions N] [--warmup N]";
+      "usage: admission_client --mem-socket PATH --core-socket PATH [--seed N] [--admissions N] [--warmup N] "
+      "[--driven]";
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
       std::printf("%s\n", usage);
       std::exit(0);
+    }
+    if (flag == "--driven") {
+      o.driven = true;
+      continue;
     }
     if (i + 1 >= argc) die(flag + " needs a value; " + usage);
     const char* value = argv[++i];
@@ -211,7 +224,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 bool admit_one(DevicePlugin::Stub& stub, const std::vector<std::string>& available, int size,
-               std::vector<std::string>* ids, CallTimes* calls) {
+               std::vector<std::string>* ids, CallTimes* calls, std::string* why = nullptr) {
   auto t0 = std::chrono::steady_clock::now();
   v1beta1::PreferredAllocationRequest pref_req;
   auto* creq = pref_req.add_container_requests();
@@ -221,7 +234,11 @@ bool admit_one(DevicePlugin::Stub& stub, const std::vector<std::string>& availab
   v1beta1::PreferredAllocationResponse pref;
   {
     grpc::ClientContext ctx;
-    if (!stub.GetPreferredAllocation(&ctx, pref_req, &pref).ok()) return false;
+    grpc::Status st = stub.GetPreferredAllocation(&ctx, pref_req, &pref);
+    if (!st.ok()) {
+      if (why) *why = "GetPreferredAllocation: " + st.error_message();
+      return false;
+    }
   }
   calls->gpa_ms.push_back(ms_since(t0));
   if (pref.container_responses_size() != 1)
@@ -233,7 +250,11 @@ bool admit_one(DevicePlugin::Stub& stub, const std::vector<std::string>& availab
   v1beta1::AllocateResponse alloc;
   grpc::ClientContext ctx;
   auto t1 = std::chrono::steady_clock::now();
-  if (!stub.Allocate(&ctx, alloc_req, &alloc).ok()) return false;
+  grpc::Status st = stub.Allocate(&ctx, alloc_req, &alloc);
+  if (!st.ok()) {
+    if (why) *why = "Allocate: " + st.error_message();
+    return false;
+  }
   calls->allocate_ms.push_back(ms_since(t1));
   ids->assign(chosen.begin(), chosen.end());
   return true;
@@ -262,6 +283,82 @@ double empty_rpc_p50(DevicePlugin::Stub& stub, int n) {
 
 using Container = std::map<int, std::vector<std::string>>;  // resource -> device IDs it got
 
+double sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+// The --driven loop: commands on stdin, one answer line each on stdout (see the header comment).
+int run_driven(std::unique_ptr<DevicePlugin::Stub> (&stubs)[2], const std::vector<std::string> (&all_ids)[2],
+               double empty_ms) {
+  std::printf("ready empty_rpc_p50_ms=%.3f mem_ids=%zu core_ids=%zu\n", empty_ms, all_ids[kMem].size(),
+              all_ids[kCore].size());
+  std::fflush(stdout);
+  std::unordered_set<std::string> held[2];
+  std::map<std::string, Container> live;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, stdin)) {
+    std::vector<std::string> words;
+    for (char* w = std::strtok(buf, " \t\r\n"); w; w = std::strtok(nullptr, " \t\r\n")) words.emplace_back(w);
+    if (words.empty()) continue;
+    if (words[0] == "quit") break;
+    if (words.size() < 2) die("a command needs an ID: '" + words[0] + "'");
+    const std::string& id = words[1];
+    if (words[0] == "release") {
+      auto it = live.find(id);
+      if (it != live.end()) {
+        for (const auto& [res, ids] : it->second)
+          for (const auto& d : ids) held[res].erase(d);
+        live.erase(it);
+      }
+      std::printf("released %s\n", id.c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    if (words[0] != "admit") die("unknown command '" + words[0] + "' (admit, release, quit)");
+    std::vector<std::pair<int, int>> wanted;  // (resource, size) in call order
+    for (size_t k = 2; k < words.size(); ++k) {
+      auto eq = words[k].find('=');
+      std::string name = words[k].substr(0, eq);
+      if (eq == std::string::npos || (name != "mem" && name != "core"))
+        die("admit wants mem=N and/or core=N, got '" + words[k] + "'");
+      int n = static_cast<int>(parse_count(name.c_str(), words[k].c_str() + eq + 1));
+      if (n > 0) wanted.emplace_back(name == "mem" ? kMem : kCore, n);
+    }
+    std::vector<std::string> avail[2];
+    for (const auto& [res, n] : wanted)
+      for (const auto& d : all_ids[res])
+        if (!held[res].count(d)) avail[res].push_back(d);
+    CallTimes calls;
+    Container got;
+    std::string why;
+    bool ok = true;
+    auto t0 = std::chrono::steady_clock::now();
+    for (const auto& [res, n] : wanted) {
+      std::vector<std::string> ids;
+      if (!admit_one(*stubs[res], avail[res], n, &ids, &calls, &why)) {
+        ok = false;
+        break;
+      }
+      got[res] = std::move(ids);
+    }
+    double total = ms_since(t0);
+    if (!ok) {
+      for (char& c : why)
+        if (c == '\n') c = ' ';
+      std::printf("refused %s %s\n", id.c_str(), why.c_str());
+    } else {
+      for (const auto& [res, ids] : got) held[res].insert(ids.begin(), ids.end());
+      live[id] = std::move(got);
+      std::printf("ok %s total_ms=%.4f gpa_ms=%.4f allocate_ms=%.4f\n", id.c_str(), total, sum(calls.gpa_ms),
+                  sum(calls.allocate_ms));
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,6 +370,7 @@ int main(int argc, char** argv) {
   static const int kCoreChoices[] = {5, 10, 15, 20, 25, 30};
 
   const double empty_ms = empty_rpc_p50(*stubs[kMem], 200);
+  if (opt.driven) return run_driven(stubs, all_ids, empty_ms);
 
   PyRandom rng(opt.seed);
   CallTimes calls, warm_calls;
