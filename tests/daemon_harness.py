@@ -143,7 +143,10 @@ def close_link(link: KubeLink) -> None:
 
 @contextmanager
 def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: FakeApiserver | None = None,
-            node_name: str = "gpu-node", **overrides: object) -> Iterator[Running]:
+            node_name: str = "gpu-node", kubelet_pod_resources: Path | None = None,
+            **overrides: object) -> Iterator[Running]:
+    """The daemon on a fake node with a kubelet emulator; `kubelet_pod_resources` serves the kubelet's PodResources
+    somewhere else than where the daemon looks (a kubelet without it)."""
     root = short_dir()
     load_in_process()
     driver = FakeDriver.create(root / "drv", gpus or seed_node(4, 15360))
@@ -155,15 +158,15 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
         except Exception:  # not there yet
             apiserver.add_node(node_name, labels={"ack.node.gpu.schedule": str(overrides.get("mode", "core_mem"))})
     cfg = config(root, **overrides)
-    kubelet = KubeletEmulator(Path(cfg.plugin_dir), Path(cfg.pod_resources_socket), seed=seed)
+    kubelet = KubeletEmulator(Path(cfg.plugin_dir), kubelet_pod_resources or Path(cfg.pod_resources_socket), seed=seed)
     kubelet.start()
     link = link_to(apiserver, node_name, cfg.resource_domain) if apiserver is not None else KubeLink()
     nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link)
     nd.start()
     r = None
     try:
-        r = Running(root, driver, kubelet, nd.daemon, nd.health, Path(cfg.plugin_dir), Path(cfg.pod_resources_socket),
-                    cfg, nd, apiserver, node_name)
+        r = Running(root, driver, kubelet, nd.daemon, nd.health, Path(cfg.plugin_dir),
+                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name)
         yield r
     finally:
         (r.nd if r is not None and r.nd is not None else nd).stop()

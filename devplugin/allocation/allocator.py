@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from devplugin.allocation.choice import scheduler_choice
 from devplugin.allocation.decision import ContainerKey, Decision, key_of, state_dir_name
@@ -41,6 +41,7 @@ from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, enco
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 PARTNER_MINIMUM = {Kind.MEM: 1, Kind.CORE: CORE_STEP}
 REFUSED_TTL_S = 300.0  # a refused container is not matched again while its pod still looks pending
 
@@ -119,6 +120,10 @@ class Allocator:
     reporter: Reporter = field(default_factory=Reporter)
     lookup_budget_s: float = 0.3
     healthy: Callable[[str], bool] = field(default=lambda uuid: True)
+    # Re-reads the kubelet's PodResources into the node view (Allocator.reconcile); called before a refusal for lack
+    # of room, since only a call of the same resource shows its devices free again (a gpu-count pod that ended
+    # frees its GPU for gpu-mem too, but no gpu-count call may come to say so).
+    resync: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         self.recent = RecentShares(PARTNER_MINIMUM)
@@ -126,7 +131,7 @@ class Allocator:
         self.book = PairingBook(self.pair_window_s)
         self._latest: Decision | None = None  # the known container being admitted now
         self._refused: dict[tuple[str, str], float] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # resync() re-enters through reconcile()
 
     # ================================================================== GetPreferredAllocation
     def preferred(self, kind: Kind, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
@@ -301,7 +306,12 @@ class Allocator:
             if match is None:
                 return None
             pod, container = match
-        dec = self._open(pod, container, kind, avail, fixed)
+        try:
+            dec = self._open(pod, container, kind, avail, fixed)
+        except RequestError as exc:
+            self._refused[(pod.uid, container.name)] = time.monotonic()
+            self.reporter.refused(pod, container.name, str(exc))
+            raise
         dec.reused_from = reused_from
         return dec
 
@@ -368,7 +378,7 @@ class Allocator:
             if problem:
                 self.reporter.warning(pod, "GPUChoiceUnreadable", f"{what}: {problem}; placing by node policy")
             try:
-                placement = place(room, need, choice)
+                placement = self._with_resync(lambda: place(room, need, choice))
             except NoRoom as exc:
                 raise NoRoom(f"{what}: {exc}") from None
             placement_gpus, source, override = placement.gpus, placement.source, placement.override
@@ -382,6 +392,17 @@ class Allocator:
                  source, extra={"fields": {"pod": pod.key, "container": container.name, "gpu": ",".join(dec.gpus),
                                            "request": {k.value: n for k, n in request.items()}}})
         return dec
+
+    def _with_resync(self, attempt: Callable[[], T]) -> T:
+        """attempt(); on NoRoom, once more after re-reading PodResources (the view may be stale for resources the
+        kubelet has not called since they were freed)."""
+        try:
+            return attempt()
+        except NoRoom:
+            if self.resync is None:
+                raise
+            self.resync()
+            return attempt()
 
     # ================================================================== known containers
     def _known_preferred(self, dec: Decision, kind: Kind, avail: Mapping[str, set[str]],
@@ -485,7 +506,7 @@ class Allocator:
         _check_size(self.node, kind, size)
         if kind is Kind.COUNT:
             self.book.current(kind, for_allocate=False)
-            return self._preferred_whole(avail, must, size)
+            return self._with_resync(lambda: self._preferred_whole(avail, must, size))
         res = self.node.resource_name(kind)
         if len(must) > 1:
             raise RequestError(f"{res}: must-include IDs span {len(must)} GPUs; one container's share is on one GPU")
@@ -500,7 +521,7 @@ class Allocator:
         elif must:
             target = next(iter(must))
         else:
-            target = self._place_anonymous(kind, avail, size)
+            target = self._with_resync(lambda: self._place_anonymous(kind, avail, size))
         free = avail.get(target, set())
         if len(free) < size:
             other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"

@@ -3,8 +3,8 @@
 The kubelet's device-plugin calls carry no pod identity, only a resource and an amount. The container is the first
 one, among pods on this node that have not finished, that asks for exactly this amount of this resource and is
 not placed yet (by this daemon, or recorded on the pod by an earlier run of it), in this order: pods a scheduler
-decided on first (by assume time), then the oldest; within a pod, the kubelet's own order (init containers, then
-app containers, each in spec order).
+decided on first (by assume time), then the oldest (ties: the order the pod cache saw them bound); within a pod,
+the kubelet's own order (init containers, then app containers, each in spec order).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def find_container(pods: Iterable[PodRequest], resource: str, amount: int,
             if container.name in recorded:
                 continue
             assumed = assume_time(pod)
-            rank = (assumed is None, assumed or 0, pod.created, pod.uid, container.position)
+            rank = (assumed is None, assumed or 0, pod.created, pod.seen, pod.uid, container.position)
             if best is None or rank < best[0]:
                 best = (rank, pod, container)
             break  # later containers of this pod come after this one in the kubelet's order

@@ -70,6 +70,7 @@ class PodRequest:
     gpus_per_container: int = 1  # multi-GPU sharing: each container's share split over this many GPUs
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    seen: int = 0  # order in which the pod cache first saw it bound here (the kubelet sees pods in that order)
 
     @property
     def key(self) -> str:

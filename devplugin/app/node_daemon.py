@@ -21,7 +21,7 @@ from devplugin.deviceplugin.devices import DeviceBoard
 from devplugin.gpu.health import HealthWatcher
 from devplugin.gpu.health_state import HealthStore
 from devplugin.gpu.inventory import GPU
-from devplugin.kube.node_sync import NodeSync
+from devplugin.kube.node_sync import SYNC_INTERVAL_ALONE_S, SYNC_INTERVAL_S, NodeSync
 from devplugin.kube.reporting import ClusterReporter, occupancy
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,11 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
                           lookup=CacheLookup(link) if link.pods is not None else None,
                           reporter=reporter or _BoardOnly(node, board), lookup_budget_s=cfg.lookup_budget,
                           healthy=board.is_healthy)
-    sync = NodeSync(allocator, cfg.pod_resources_socket, link.pod_list)
+    # Without the pod cache, PodResources is the only news of pods that ended (the kubelet refuses on its own view
+    # of whole GPUs before calling us): read it often; it is a local call of about a millisecond.
+    sync = NodeSync(allocator, cfg.pod_resources_socket, link.pod_list,
+                    interval_s=SYNC_INTERVAL_S if link.pods is not None else SYNC_INTERVAL_ALONE_S)
+    allocator.resync = sync.sync
     daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync)
 
     def health_changed(uuid: str, healthy: bool, reason: str) -> bool:

@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
@@ -66,6 +67,7 @@ class PodCache:
         self._order = threading.Lock()  # one thread at a time tells listeners, so they hear changes in order
         self._pods: dict[str, PodRequest] = {}
         self._versions: dict[str, int] = {}
+        self._seen = 0  # pods first seen so far: ties between pods created in the same second break by it
         self._deleted: OrderedDict[str, int] = OrderedDict()  # uid -> resourceVersion of its deletion
         self._invalid: dict[str, str] = {}  # "ns/name" -> why its GPU request cannot be read
         self._listeners: list[Listener] = []
@@ -198,6 +200,9 @@ class PodCache:
         self._invalid.pop(key, None)
         old_rv = self._versions.get(uid)
         self._versions[uid] = rv
+        before = self._pods.get(uid)
+        self._seen += before is None
+        pod = replace(pod, seen=before.seen if before is not None else self._seen)
         self._pods[uid] = pod
         return [("ADDED" if old_rv is None else "MODIFIED", pod)]
 
