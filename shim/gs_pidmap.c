@@ -97,6 +97,24 @@ static int gpu_lock(const char *uuid)
     return fd;
 }
 
+void gs_pidmap_check(void)
+{
+    if (__atomic_load_n(&mapped_here, __ATOMIC_ACQUIRE) || !gs_region_ready())
+        return;
+    struct gs_slot *mine = gs_region_own_slot();
+    if (!mine)
+        return;
+    gs_region_lock();
+    if (!mapped_here) {
+        __atomic_store_n(&mine->nvml_pid, -1, __ATOMIC_RELEASE);
+        __atomic_store_n(&mine->nvml_owner, (int32_t)getpid(), __ATOMIC_RELEASE);
+        __atomic_store_n(&mapped_here, 1, __ATOMIC_RELEASE);
+        GS_WARN("this process launches kernels on a GPU with a compute share but its NVML pid is unknown (its "
+                "context was not created through the shim); its container's GPU use is measured as the whole GPU's");
+    }
+    gs_region_unlock();
+}
+
 void gs_pidmap_begin(struct gs_pidmap_scope *s, const char *uuid)
 {
     s->active = 0;

@@ -31,6 +31,11 @@ void gs_pidmap_begin(struct gs_pidmap_scope *s, const char *uuid);
 /* After: read the list again, record the pid when the context was created, release the locks. */
 void gs_pidmap_end(struct gs_pidmap_scope *s, CUresult rc);
 
+/* A process about to launch on a GPU with a share whose NVML pid was never looked for (its context was not
+ * created through the shim's hooks) is marked unmapped, so its container is measured as the whole GPU rather
+ * than undercounted. Cheap after the first call. */
+void gs_pidmap_check(void);
+
 /* The NVML pids of the container's live processes (at most max); *unmapped counts live processes that created
  * a context but could not be mapped. */
 int gs_pidmap_container(unsigned *pids, int max, int *unmapped);

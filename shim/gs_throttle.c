@@ -230,8 +230,10 @@ static void start_controller(void)
 void gs_gate_slow(int d, int64_t cost)
 {
     struct gs_region_compute *c = gs_gates[d].c;
-    if (GS_UNLIKELY(!__atomic_load_n(&controller_started, __ATOMIC_ACQUIRE)))
+    if (GS_UNLIKELY(!__atomic_load_n(&controller_started, __ATOMIC_ACQUIRE))) {
+        gs_pidmap_check();
         start_controller();
+    }
     if (cost < 1)
         cost = 1;
     /* Report what the last batch paid for; hand back what it did not use. */

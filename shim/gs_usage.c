@@ -92,10 +92,10 @@ int gs_usage_device(const char *uuid, nvmlDevice_t *out)
 
 int gs_usage_processes(nvmlDevice_t dev, unsigned *pids, int max)
 {
-    static __thread union {
+    union {
         gs_nvml_process_t v3[GS_USAGE_MAX_PROCS];
         gs_nvml_process_v1_t v1[GS_USAGE_MAX_PROCS];
-    } buf;
+    } buf; /* 6 KiB of stack: called from context creation and the controller thread only */
     unsigned int n = GS_USAGE_MAX_PROCS;
     nvmlReturn_t rc;
     if (nv.list)
@@ -150,9 +150,13 @@ static void sums(const unsigned *pids, int npids, const unsigned *spid, const un
 int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh,
                 int *others)
 {
-    static __thread gs_nvml_proc_util_t info_buf[GS_USAGE_MAX_PROCS];
-    static __thread gs_nvml_proc_sample_t sample_buf[GS_USAGE_MAX_PROCS];
-    static __thread unsigned spid[GS_USAGE_MAX_PROCS], sm[GS_USAGE_MAX_PROCS];
+    union {
+        gs_nvml_proc_util_t info[GS_USAGE_MAX_PROCS];
+        gs_nvml_proc_sample_t samples[GS_USAGE_MAX_PROCS];
+    } buf; /* 10 KiB of stack: the controller thread only */
+    gs_nvml_proc_util_t *info_buf = buf.info;
+    gs_nvml_proc_sample_t *sample_buf = buf.samples;
+    unsigned spid[GS_USAGE_MAX_PROCS], sm[GS_USAGE_MAX_PROCS];
     unsigned n = 0;
     unsigned long long newest = *last_seen_us;
     nvmlReturn_t rc;
