@@ -1,0 +1,101 @@
+"""`devplugin inspect` / kubectl-inspect-gpushare on a cluster of several nodes, through the fake apiserver."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from devplugin.contract import ANN_ALIYUN_MEM_IDX, ANN_ALLOCATED, ANN_SCHEDULED, GpuShare, PodAssignment
+from devplugin.inspect.cli import main
+from devplugin_sim.fake_apiserver import FakeApiserver
+from tests.scheduler_objects import CORE, COUNT, MEM, node
+
+
+def assignment(node_name: str, **containers: tuple[GpuShare, ...]) -> str:
+    return PodAssignment(node_name, 1, containers).render()
+
+
+@pytest.fixture()
+def cluster() -> Iterator[FakeApiserver]:
+    with FakeApiserver() as api:
+        for ip, (name, kw) in enumerate((("gpu-a", {"gpus": 2, "units": 16, "mode": "core_mem"}),
+                         ("gpu-b", {"gpus": 4, "units": 15, "mode": "cgpu", "unhealthy": (3,)})), 5):
+            n = node(name, **kw)
+            api.add_node(name, labels=n["metadata"]["labels"], annotations=n["metadata"]["annotations"])
+            api.patch_node(name, {"status": {"addresses": [{"type": "InternalIP", "address": f"10.0.0.{ip}"}]}})
+        api.add_node("cpu-only")
+        api.add_pod(name="train", namespace="ml", node_name="gpu-a", phase="Running", limits={MEM: 6, CORE: 30},
+                    annotations={ANN_ALLOCATED: assignment("gpu-a", main=(GpuShare(0, "", 6, 30),))})
+        api.add_pod(name="serve", node_name="gpu-a", limits={MEM: 4},
+                    annotations={ANN_SCHEDULED: assignment("gpu-a", main=(GpuShare(0, "", 4, 0),))})
+        api.add_pod(name="whole", node_name="gpu-a", phase="Running", limits={COUNT: 1},
+                    annotations={ANN_ALLOCATED: assignment("gpu-a", main=(GpuShare(1, "", 16, 0, whole=True),))})
+        api.add_pod(name="legacy", node_name="gpu-b", phase="Running", limits={MEM: 5},
+                    annotations={ANN_ALIYUN_MEM_IDX: "2"})
+        api.add_pod(name="done", node_name="gpu-b", phase="Succeeded", limits={MEM: 15},
+                    annotations={ANN_ALIYUN_MEM_IDX: "0"})
+        api.add_pod(name="waiting", limits={MEM: 20})
+        api.add_pod(name="cpu", node_name="cpu-only", phase="Running")
+        yield api
+
+
+def run(capsys: pytest.CaptureFixture[str], api: FakeApiserver, *args: str) -> str:
+    assert main([*args, "--kubeconfig", api.kubeconfig_path]) == 0
+    return capsys.readouterr().out
+
+
+def test_text_summary_per_node_and_gpu(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, cluster)
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert out == (
+        "gpu-a  10.0.0.5  core_mem  binpack\n"
+        "  GPU  MEMORY(GiB)  CORE(%)  PODS\n"
+        "  0    10/16        30/100   2\n"
+        "  1    16/16        whole    1\n"
+        "  all  26/32 (81%)  130/200  3\n"
+        "\n"
+        "gpu-b  10.0.0.6  cgpu  binpack\n"
+        "  GPU  MEMORY(GiB)  CORE(%)  PODS\n"
+        "  0    0/15         0/100    0\n"
+        "  1    0/15         0/100    0\n"
+        "  2    5/15         0/100    1\n"
+        "  3    0/15         0/100    0     unhealthy\n"
+        "  all  5/60 (8%)    0/400    1\n"
+        "\n"
+        "PENDING          NODE  MEMORY  CORE(%)  GPUS\n"
+        "default/waiting  -     20      0        0\n"
+        "\n"
+        + "-" * 60 + "\n"
+        "Allocated/Total GPU Memory In Cluster: 31/92 GiB (34%)\n")
+
+
+def test_details_list_the_pods_on_each_gpu(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, cluster, "-d", "gpu-a")
+    assert "       ml/train (main)  6 GiB  30 %  allocated\n" in out
+    assert "       default/serve (main)  4 GiB  0 %  scheduled\n" in out
+    assert "       default/whole (main)  whole GPU  allocated\n" in out
+    assert "gpu-b" not in out and "PENDING" not in out
+    assert out.index("ml/train") < out.index("  1    16/16")
+
+
+def test_json_for_scripts(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = json.loads(run(capsys, cluster, "-o", "json"))
+    assert [n["name"] for n in doc["nodes"]] == ["gpu-a", "gpu-b"]
+    gpu0 = doc["nodes"][0]["gpus"][0]
+    assert (gpu0["memAllocated"], gpu0["memTotal"], gpu0["coreAllocated"]) == (10, 16, 30)
+    assert {(p["namespace"], p["name"], p["state"]) for p in gpu0["pods"]} == {
+        ("ml", "train", "allocated"), ("default", "serve", "scheduled")}
+    assert doc["nodes"][1]["gpus"][3]["healthy"] is False
+    assert doc["pending"] == [{"namespace": "default", "name": "waiting", "node": "", "mem": 20, "core": 0,
+                               "count": 0}]
+    assert (doc["memAllocatedMiB"], doc["memTotalMiB"]) == (31 * 1024, 92 * 1024)
+
+
+def test_errors_are_one_line(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nope", "--kubeconfig", cluster.kubeconfig_path]) == 1
+    assert capsys.readouterr().err == "inspect: node 'nope' not found\n"
+    cluster.down("refuse")
+    assert main(["--kubeconfig", cluster.kubeconfig_path]) == 1
+    assert capsys.readouterr().err.startswith("inspect: cannot reach the apiserver")
