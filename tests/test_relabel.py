@@ -62,3 +62,32 @@ def test_relabel_waits_for_running_pods_then_applies() -> None:
             kubelet.stop()
             shutil.rmtree(root, ignore_errors=True)
     assert not thread.is_alive()
+
+
+def test_an_apiserver_blip_at_start_delays_serving_instead_of_serving_nothing_forever() -> None:
+    root = short_dir()
+    load_in_process()
+    driver = FakeDriver.create(root / "drv", seed_node(1, 15360))
+    os.environ["FAKE_NVML_CONFIG"] = str(driver.config_path)
+    with FakeApiserver() as api:
+        api.add_node("gpu-node", labels={"ack.node.gpu.schedule": "core_mem"})
+        api.down()
+        cfg = config(root, node_name="gpu-node", kubeconfig=api.kubeconfig_path, mode="", health_port=0,
+                     apiserver_timeout=0.5)
+        kubelet = KubeletEmulator(Path(cfg.plugin_dir), Path(cfg.pod_resources_socket))
+        kubelet.start()
+        sup = Supervisor(cfg, enumerate_gpus(), None)
+        thread = threading.Thread(target=sup.run, daemon=True)
+        thread.start()
+        try:
+            assert _until(lambda: "apiserver" in sup.ready()[1], 5)
+            assert not sup.ready()[0] and kubelet.allocatable().get(MEM, 0) == 0
+            api.up()
+            assert kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 15, timeout=20)
+            assert _until(lambda: sup.ready()[0], 10)
+        finally:
+            sup.stop_event.set()
+            sup.changed.set()
+            thread.join(timeout=15)
+            kubelet.stop()
+            shutil.rmtree(root, ignore_errors=True)

@@ -295,6 +295,8 @@ class Allocator:
             return latest
         if self.lookup is None:
             return None
+        if self.book.joinable(kind, for_allocate=avail is None):
+            return None  # the second call of a container placed without its pod: do not wait for the lookup again
         taken = self._taken()
         found = self._reuse(kind, amount, ids, taken)
         fixed: tuple[str, ...] | None = None

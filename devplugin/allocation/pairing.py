@@ -34,21 +34,25 @@ class PairingBook:
     def current(self, kind: Kind, for_allocate: bool) -> Decision | None:
         """The open decision this call belongs to, or None (closing a stale one)."""
         dec = self._open
-        now = time.monotonic()
         if dec is None:
             return None
-        joinable = (
-            kind in SHARED
-            and now - dec.touched <= self._window
+        if not self.joinable(kind, for_allocate):
+            self._open = None
+            return None
+        dec.touched = time.monotonic()
+        return dec
+
+    def joinable(self, kind: Kind, for_allocate: bool) -> bool:
+        """A call of `kind` would join the open decision (no side effects)."""
+        dec = self._open
+        return (
+            dec is not None
+            and kind in SHARED
+            and time.monotonic() - dec.touched <= self._window
             and kind not in dec.allocated
             and (for_allocate or kind not in dec.preferred)
             and all(k in SHARED for k in (*dec.allocated, *dec.preferred))
         )
-        if not joinable:
-            self._open = None
-            return None
-        dec.touched = now
-        return dec
 
     def forget_rolled_back(self, kind: Kind, available: Mapping[str, set[str]]) -> None:
         """Drop `kind` from the open decision if the kubelet offers its devices again.
