@@ -12,6 +12,7 @@
 #include "gs_hooks.h"
 #include "gs_log.h"
 #include "gs_shim.h"
+#include "gs_variants.h"
 
 #define GS_DECLARE(name, params) CUresult name params;
 GS_CUDA_HOOKED(GS_DECLARE)
@@ -84,8 +85,10 @@ int gs_unaccounted_allocation(const char *symbol)
 }
 
 /* The hook for the driver entry point p that cuGetProcAddress returned for symbol, p itself, or NULL when the
- * lookup must fail: an allocation entry point in a version the shim does not hook. */
-static void *swap_entry(const char *symbol, int version, void *p)
+ * lookup must fail: an allocation entry point in a version the shim does not hook. Matched by address first;
+ * when the driver hands out an address that is not one of its exported symbols, by name and version (for
+ * versions the shim knows: a newer one may have another signature). */
+static void *swap_entry(const char *symbol, int version, cuuint64_t flags, void *p)
 {
     for (size_t i = 0; i < COUNT(cuda_hooks); i++)
         if (*cuda_hooks[i].real == p)
@@ -93,6 +96,13 @@ static void *swap_entry(const char *symbol, int version, void *p)
     for (size_t i = 0; i < COUNT(cuda_hooks); i++)
         if (cuda_hooks[i].hook == p)
             return p; /* the driver looked the name up globally and found the hook itself */
+    const char *variant = gs_variant(symbol, version, flags);
+    for (size_t i = 0; variant && i < COUNT(cuda_hooks); i++) {
+        if (!strcmp(cuda_hooks[i].name, variant) && *cuda_hooks[i].real) {
+            GS_DEBUG("cuGetProcAddress(%s, version %d): matched by name to %s", symbol, version, variant);
+            return cuda_hooks[i].hook;
+        }
+    }
     if (listed(allocation_bases, symbol) || gs_unaccounted_allocation(symbol)) {
         GS_ERROR("cuGetProcAddress(%s, version %d): the driver's entry point is not one the shim accounts "
                  "(a version it does not know); refused, so that memory taken through it cannot escape the limit",
@@ -105,12 +115,12 @@ static void *swap_entry(const char *symbol, int version, void *p)
     return p;
 }
 
-static CUresult answer(CUresult rc, const char *symbol, void **pfn, int version,
+static CUresult answer(CUresult rc, const char *symbol, void **pfn, int version, cuuint64_t flags,
                        CUdriverProcAddressQueryResult *status)
 {
     if (rc != CUDA_SUCCESS || !symbol || !pfn || !*pfn)
         return rc;
-    *pfn = swap_entry(symbol, version, *pfn);
+    *pfn = swap_entry(symbol, version, flags, *pfn);
     if (*pfn)
         return rc;
     if (status)
@@ -126,7 +136,8 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
         return rc;
     if (!gs_cu.cuGetProcAddress_v2)
         return CUDA_ERROR_NOT_SUPPORTED;
-    return answer(gs_cu.cuGetProcAddress_v2(symbol, pfn, version, flags, status), symbol, pfn, version, status);
+    return answer(gs_cu.cuGetProcAddress_v2(symbol, pfn, version, flags, status), symbol, pfn, version, flags,
+                  status);
 }
 
 GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
@@ -136,5 +147,5 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
         return rc;
     if (!gs_cu.cuGetProcAddress)
         return CUDA_ERROR_NOT_SUPPORTED;
-    return answer(gs_cu.cuGetProcAddress(symbol, pfn, version, flags), symbol, pfn, version, NULL);
+    return answer(gs_cu.cuGetProcAddress(symbol, pfn, version, flags), symbol, pfn, version, flags, NULL);
 }

@@ -159,3 +159,15 @@ def test_allocations_the_driver_refuses_leave_no_charge(node):
         other.wait(timeout=10)
     assert [s["rc"] for s in steps[2:5]] == [CUDA_ERROR_OUT_OF_MEMORY] * 3
     assert steps[5]["used"] == 0
+
+
+@pytest.mark.parametrize("mode", ["gpa", "gpa-ptsz"])
+def test_entry_points_at_other_addresses_than_the_exported_symbols_are_matched_by_name(node, mode):
+    # The driver answers cuGetProcAddress with its own entry points, not the exported symbols' addresses.
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CUDA_DISTINCT_ENTRY_POINTS=1)
+    result = run_full(env, "init", "ctx", 0, "fill", "alloc", "256m", "freeall", "fill", "async", "256m", "freeall",
+                      "sync", "fill", "alloc", "256m", "lookup", "cuMemAlloc", 13050, mode=mode)
+    assert [s["bytes"] for s in result.steps if s["op"] == "fill"] == [1 << 30] * 3
+    # A newer CUDA version than the shim knows may mean another signature: only an exact match is trusted.
+    assert result.step("lookup")["found"] is False
+    assert "cuGetProcAddress(cuMemAlloc, version 13050)" in result.stderr

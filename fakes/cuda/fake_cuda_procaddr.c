@@ -82,11 +82,46 @@ static const struct proc procs[] = {
     S("cuStreamSynchronize", 2000, cuStreamSynchronize),
 };
 
+/* With FAKE_CUDA_DISTINCT_ENTRY_POINTS=1 these names are answered with entry points of their own, at other
+ * addresses than the exported symbols (a real driver may do that): the shim must then match by name. */
+#define DISTINCT(ret, fn, params, args)           \
+    static ret distinct_##fn params               \
+    {                                             \
+        return impl_##fn args;                    \
+    }
+DISTINCT(CUresult, cuMemAlloc_v2, (CUdeviceptr *d, size_t b), (d, b))
+DISTINCT(CUresult, cuMemFree_v2, (CUdeviceptr d), (d))
+DISTINCT(CUresult, cuMemAllocAsync, (CUdeviceptr *d, size_t b, CUstream s), (d, b, s))
+DISTINCT(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *d, size_t b, CUstream s), (d, b, s))
+DISTINCT(CUresult, cuMemFreeAsync, (CUdeviceptr d, CUstream s), (d, s))
+DISTINCT(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr d, CUstream s), (d, s))
+
+static const struct proc distinct[] = {
+    {"cuMemAlloc", 3020, (void *)&distinct_cuMemAlloc_v2, (void *)&distinct_cuMemAlloc_v2},
+    {"cuMemFree", 3020, (void *)&distinct_cuMemFree_v2, (void *)&distinct_cuMemFree_v2},
+    {"cuMemAllocAsync", 11020, (void *)&distinct_cuMemAllocAsync, (void *)&distinct_cuMemAllocAsync_ptsz},
+    {"cuMemFreeAsync", 11020, (void *)&distinct_cuMemFreeAsync, (void *)&distinct_cuMemFreeAsync_ptsz},
+};
+
+static void *distinct_lookup(const char *symbol, int version, cuuint64_t flags)
+{
+    static int on = -1;
+    if (on < 0)
+        on = fake_env_u64("FAKE_CUDA_DISTINCT_ENTRY_POINTS", 0) != 0;
+    for (size_t i = 0; on && i < sizeof distinct / sizeof distinct[0]; i++)
+        if (!strcmp(distinct[i].name, symbol) && version >= distinct[i].since)
+            return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? distinct[i].ptsz : distinct[i].legacy;
+    return NULL;
+}
+
 void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low)
 {
     *version_too_low = 0;
     if (!symbol)
         return NULL;
+    void *own = distinct_lookup(symbol, version, flags);
+    if (own)
+        return own;
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
         if (strcmp(procs[i].name, symbol))
             continue;
