@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devplugin import contract as c
-from devplugin_sim.demo_cluster import NODE, DemoCluster, until
+from devplugin_sim.demo_cluster import NAMESPACE, NODE, DemoCluster, until
 from devplugin_sim.demo_inside import SHIM_LIB, inside_view, shim_built
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
@@ -57,7 +57,7 @@ def _asked(limits: dict[str, int]) -> str:
 
 
 def _scheduled(uuid: str) -> dict[str, str]:
-    """What a scheduler extender writes before its Binding: GPU 2 for container "main"."""
+    """What a scheduler extender writes before its Binding: GPU PINNED_GPU for container "main"."""
     share = c.GpuShare(index=PINNED_GPU, uuid=uuid, mem=4, core=20)
     return {c.ANN_SCHEDULED: c.PodAssignment(node=NODE, time_ns=time.time_ns(), containers={"main": (share,)}).render()}
 
@@ -82,31 +82,38 @@ def _show_granted(cl: DemoCluster, ex: Example, got: ContainerResult) -> None:
     event = cl.wait_event(ex.name, "Normal")
     if event is not None:
         _say(f"Event Normal {event['reason']}: {event['message']}", 6, 4)
+    else:
+        _say("(no GPUAssigned Event within 5 s: the daemon could not name the pod in time; see its log)", 6, 4)
     if ex.detail:
-        calls = ", ".join(f"{call.split()[0].replace('Allocation', '')} {SHORT.get(call.split()[1], '?')}"
-                          for call in got.calls)
-        _say(f"the kubelet's calls, in its random order: {calls}", 6, 4)
-        for key in SHOWN_ENVS:
-            if key in got.envs:
-                _say(f"{key}={got.envs[key]}", 6, 4)
-        if got.mounts:
-            listed = ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in got.mounts)
-            _say(f"mounts: {listed}", 6, 4)
-        record = until(lambda: cl.allocated(ex.name), 5)
-        ann = cl.api.pod("default", ex.name)["metadata"].get("annotations") or {}
-        if record is not None:
-            shown = json.dumps(json.loads(record.render()), separators=(", ", ": "))
-            _say(f"annotations written: {c.ANN_ALLOCATED}: {shown}", 6, 4)
-            _say(f"{c.ANN_ALIYUN_MEM_IDX}: {ann.get(c.ANN_ALIYUN_MEM_IDX)}, "
-                 f"{c.ANN_ALIYUN_ASSIGNED}: {ann.get(c.ANN_ALIYUN_ASSIGNED)}", 8, 4)
-        if got.mounts and shim_built():
-            _say("inside the container, under the shim (a CUDA program, 15 GiB GPU):", 6)
-            for line in inside_view(cl.driver, got):
-                _say(line, 8, 2)
+        _show_detail(cl, ex, got)
         return
     limits = [f"{k}={got.envs[k]}" for k in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT") if k in got.envs]
     _say(f"env: NVIDIA_VISIBLE_DEVICES=GPU {got.envs.get('ALIYUN_COM_GPU_MEM_IDX', '?')}'s UUID"
          + (", " + ", ".join(limits) if limits else ""), 6, 4)
+
+
+def _show_detail(cl: DemoCluster, ex: Example, got: ContainerResult) -> None:
+    """The kubelet's calls, every env and mount, the annotations written, and the view under the shim."""
+    calls = ", ".join(f"{call.split()[0].replace('Allocation', '')} {SHORT.get(call.split()[1], '?')}"
+                      for call in got.calls)
+    _say(f"the kubelet's calls, in its random order: {calls}", 6, 4)
+    for key in SHOWN_ENVS:
+        if key in got.envs:
+            _say(f"{key}={got.envs[key]}", 6, 4)
+    if got.mounts:
+        listed = ", ".join(f"{m.container_path} ({'ro' if m.read_only else 'rw'})" for m in got.mounts)
+        _say(f"mounts: {listed}", 6, 4)
+    record = until(lambda: cl.allocated(ex.name), 5)
+    if record is not None:
+        ann = cl.api.pod(NAMESPACE, ex.name)["metadata"].get("annotations") or {}
+        shown = json.dumps(json.loads(record.render()), separators=(", ", ": "))
+        _say(f"annotations written: {c.ANN_ALLOCATED}: {shown}", 6, 4)
+        _say(f"{c.ANN_ALIYUN_MEM_IDX}: {ann.get(c.ANN_ALIYUN_MEM_IDX)}, "
+             f"{c.ANN_ALIYUN_ASSIGNED}: {ann.get(c.ANN_ALIYUN_ASSIGNED)}", 8, 4)
+    if got.mounts and shim_built():
+        _say("inside the container, under the shim (a CUDA program, 15 GiB GPU):", 6)
+        for line in inside_view(cl.driver, got):
+            _say(line, 8, 2)
 
 
 def _show_refused(cl: DemoCluster, ex: Example, exc: AdmissionError) -> None:
@@ -266,8 +273,11 @@ def _run(cl: DemoCluster) -> int:
     _binpack_round(cl)
     _say()
     _say("=== relabel: ack.node.gpu.placement=spread ===")
-    _say("no container holds GPU units, so the daemon applies it at once (re-registers):", 2, 2)
+    until(lambda: (u := cl.node_usage()) is not None and not any(g.containers for g in u.gpus.values()), 10)
     cl.label_node({c.LABEL_PLACEMENT: "spread"})
+    event = cl.wait_event(NODE, "Warning")
+    if event is not None:
+        _say(f"`kubectl describe node` shows: Warning  {event['reason']}  {event['message']}", 2, 4)
     if not _wait_ready(cl, "spread"):
         return _failed(cl, "the daemon did not follow the relabel in 30 s")
     _spread_round(cl)

@@ -106,5 +106,7 @@ def test_refused_pods_say_why_in_a_warning_event(demo: tuple[str, str, float]) -
 def test_the_relabel_is_followed_and_sigterm_leaves_nothing_behind(demo: tuple[str, str, float]) -> None:
     out, flat, _ = demo
     assert "relabel: ack.node.gpu.placement=spread" in out and "binpack" in out
+    assert re.search(r"Warning GPUModeChange GPU mode/placement changed to core_mem/spread \(was core_mem/binpack\); "
+                     r"applying now", flat)  # nothing held: applied at once
     assert out.count("its sockets left behind: none") == 1
     assert "daemon exited 0" in flat
