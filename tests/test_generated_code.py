@@ -15,6 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_python_stubs_match_the_vendored_protos(tmp_path: Path) -> None:
     fresh = generate.generate(tmp_path)
     assert fresh, "protoc wrote nothing"
+    typed = {p.relative_to(tmp_path) for p in fresh if p.suffix == ".pyi"}
+    messages = {p.relative_to(tmp_path).with_suffix(".pyi") for p in fresh if p.name == "api_pb2.py"}
+    assert messages and typed == messages, "every message module needs its .pyi for mypy: run `make proto`"
     for path in fresh:
         committed = generate.OUT_DIR / path.relative_to(tmp_path)
         assert committed.exists(), f"{committed} is missing: run `make proto`"

@@ -1,5 +1,8 @@
 """Generate the Python stubs under devplugin/api from the vendored protos in proto/.
 
+Besides the modules, protoc writes a typed interface (.pyi) for each message module, which is what
+mypy reads in place of the generated descriptor code.
+
 Run `make proto` (or `python -m devplugin.api.generate`). A test regenerates into a temporary
 directory and fails when the committed stubs differ, so stale stubs cannot land.
 """
@@ -29,11 +32,11 @@ def generate(out_dir: Path) -> list[Path]:
         for proto in PROTOS:
             rc = protoc.main(
                 ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={tmp}",
-                 f"--grpc_python_out={tmp}", str(PROTO_DIR / proto)]
+                 f"--pyi_out={tmp}", f"--grpc_python_out={tmp}", str(PROTO_DIR / proto)]
             )
             if rc != 0:
                 raise RuntimeError(f"protoc failed on {proto} (exit {rc})")
-        for src in sorted(Path(tmp).rglob("*.py")):
+        for src in sorted(p for p in Path(tmp).rglob("*") if p.suffix in (".py", ".pyi")):
             rel = src.relative_to(tmp)
             text = _IMPORT.sub(r"from devplugin.api.\1.\2 import ", src.read_text())
             dest = out_dir / rel
