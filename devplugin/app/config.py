@@ -6,16 +6,18 @@ import argparse
 import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 from devplugin.allocation.node import MODES, PLACEMENTS
 from devplugin.allocation.units import MemUnit, parse_mem_unit
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_"
+_T = TypeVar("_T")
 
 
-def _opt(default: object, help: str, env: str | None = None, choices: tuple[str, ...] | None = None,
-         maximum: float | None = None) -> object:
+def _opt(default: _T, help: str, env: str | None = None, choices: tuple[str, ...] | None = None,
+         maximum: float | None = None) -> _T:
     """A setting. Every float setting must be finite and > 0; `maximum` bounds it where more is meaningless."""
     return field(default=default, metadata={"help": help, "env": env, "choices": choices, "maximum": maximum})
 
@@ -124,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(Config):
         env = probe.env_name(f.name)
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
-        kind = type(f.default)
+        kind: type[Any] = type(f.default)
         choices = f.metadata.get("choices")
         try:
             default = kind(default)
