@@ -30,6 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import pynvml
 
@@ -53,7 +54,7 @@ _ERROR_BACKOFF_S = 1.0
 OnChange = Callable[[str, bool, str], None]
 
 
-def _address(handle: object) -> int | None:
+def _address(handle: Any) -> int | None:  # an NVML device handle: a ctypes pointer (pynvml has no types)
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
@@ -87,7 +88,7 @@ class HealthWatcher:
         self._save_lock = threading.Lock()
         self._recheck_at: dict[str, float] = {}  # unhealthy GPU uuid -> when to re-check it (monotonic)
         self._faults: dict[str, Fault] = {}  # unhealthy GPU uuid -> why (what the state file holds)
-        self._by_handle: dict[int, GPU] = {}  # registered GPUs by NVML handle address
+        self._by_handle: dict[int | None, GPU] = {}  # registered GPUs by NVML handle address (None: NULL)
         self._event_set: object | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
