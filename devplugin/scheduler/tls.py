@@ -11,8 +11,8 @@ import threading
 log = logging.getLogger(__name__)
 
 
-def _signature(*paths: str) -> tuple:
-    out = []
+def _signature(*paths: str) -> tuple[tuple[int, int, int] | None, ...]:
+    out: list[tuple[int, int, int] | None] = []  # None: the file cannot be read
     for p in paths:
         try:
             st = os.stat(p)  # follows the ..data symlink swap of Secret volumes
