@@ -5,11 +5,15 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from devplugin.allocation.node import Node
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
 T = TypeVar("T")
+C = TypeVar("C", bound="SupportsRichComparison")  # units compared as they are, when no key is given
 
 
 def pick_gpu(node: Node, room: Mapping[str, int], need: int, policy: str) -> str | None:
@@ -26,10 +30,14 @@ def pick_gpu(node: Node, room: Mapping[str, int], need: int, policy: str) -> str
     return min(fits, key=lambda t: (t[0], t[1]))[2]
 
 
-def pick_units(free: Collection[T], must: Collection[T], need: int,
-               key: Callable[[T], int] | None = None) -> list[T]:
+@overload
+def pick_units(free: Collection[C], must: Collection[C], need: int, key: None = None) -> list[C]: ...
+@overload
+def pick_units(free: Collection[T], must: Collection[T], need: int, key: Callable[[T], int]) -> list[T]: ...
+def pick_units(free: Collection[Any], must: Collection[Any], need: int,
+               key: Callable[[Any], int] | None = None) -> list[Any]:
     """`need` units from `free`: all of `must` first, then the lowest free ones (by `key`, e.g. unit number)."""
-    chosen = sorted(must, key=key)  # type: ignore[arg-type]
+    chosen = sorted(must, key=key)
     rest = set(free).difference(chosen)
     return chosen + heapq.nsmallest(max(need - len(chosen), 0), rest, key=key)
 
