@@ -23,7 +23,7 @@ from devplugin.contract import (
     ANN_SCHEDULED,
     PodAssignment,
 )
-from devplugin.scheduler.fit import Fit, NodeView, check_pod, fit, score
+from devplugin.scheduler.fit import Fit, NodeView, ask_of, fit, score
 from devplugin.scheduler.state import ClusterState, node_entry
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,7 @@ def _views(state: ClusterState, pod: PodRequest, names: Sequence[str] | None,
            nodes: Sequence[Mapping] | None) -> list[tuple[str, NodeView | None]]:
     """The nodes of the request as views: by name from the state, or from the Node objects given (nodes the
     watch has not seen, e.g. cluster-autoscaler's templates, are read from the object itself)."""
-    out: list[tuple[str, NodeView | None]] = []
-    if names is not None:
-        for name in names:
-            out.append((name, state.view(name, pod.uid)))
+    out: list[tuple[str, NodeView | None]] = list(state.views(names, pod.uid)) if names is not None else []
     for obj in nodes or ():
         name = str((obj.get("metadata") or {}).get("name", ""))
         view = state.view(name, pod.uid)
@@ -82,12 +79,12 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
         return out
     state.expire()
     views = _views(state, pod, names, nodes)
-    problem = check_pod(pod)
+    ask = ask_of(pod)
     for name, view in views:
         if view is None:
             out.failed[name] = "node not seen by the extender yet (its watch is catching up); retry"
             continue
-        result = fit(pod, view, problem)
+        result = fit(ask, view)
         if result.ok:
             out.passed.append(name)
         elif result.unresolvable:
@@ -104,13 +101,13 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
         pod = pod_request(pod_obj)
     except PodRequestError:
         return [(n, MIN_SCORE) for n in names or ()]
-    problem = check_pod(pod)
+    ask = ask_of(pod)
     scores = []
     for name, view in _views(state, pod, names, nodes):
         if view is None or not pod.gpu_containers:
             scores.append((name, MIN_SCORE))
             continue
-        scores.append((name, score(view, fit(pod, view, problem))))
+        scores.append((name, score(view, fit(ask, view))))
     return scores
 
 

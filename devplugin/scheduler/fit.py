@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, per_gpu_share
-from devplugin.contract import GpuShare
+from devplugin.contract import CORE_PER_GPU, GpuShare
 from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
 
 MODES_WITH_CORE = ("core_mem",)
 
 
-@dataclass(frozen=True)
+@dataclass
 class NodeView:
     """What fit needs of a node: mode, placement, memory unit, the room of each GPU."""
 
@@ -30,6 +31,13 @@ class NodeView:
     unit_mib: int
     gpus: tuple[GpuRoom, ...]
     problem: str = ""  # set when the node cannot take GPU pods at all (no inventory, unknown mode)
+
+    @cached_property
+    def mem_totals(self) -> tuple[int, int]:
+        """(memory of the healthy GPUs, memory held on them), in gpu-mem units."""
+        healthy = [r for r in self.gpus if r.healthy]
+        return (sum(r.mem_total for r in healthy),
+                sum(r.mem_total if r.whole else min(r.mem_used, r.mem_total) for r in healthy))
 
 
 @dataclass(frozen=True)
@@ -62,32 +70,81 @@ def check_pod(pod: PodRequest) -> str:
     return ""
 
 
-def fit(pod: PodRequest, node: NodeView, pod_problem: str | None = None) -> Fit:
-    """Place every GPU container of `pod` on `node`, or say why not. `pod_problem` is check_pod's answer when
-    the caller already has it (filter checks the pod once for all nodes)."""
-    problem = check_pod(pod) if pod_problem is None else pod_problem
-    if problem:
-        return Fit(reason=problem, unresolvable=True)
+@dataclass(frozen=True)
+class Item:
+    """One GPU container's ask as placed: whole GPUs (`count`), or `mem` and `core` on each of `gpus` GPUs."""
+
+    container: ContainerRequest
+    count: int
+    mem: int
+    core: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A pod's GPU asks, prepared once for all nodes: items largest first (whole GPUs, then by memory)."""
+
+    items: tuple[Item, ...]
+    problem: str
+    needs_core: bool
+
+
+def ask_of(pod: PodRequest) -> Ask:
+    problem = check_pod(pod)
+    wanted = pod.gpu_containers
+    items: list[Item] = []
+    if not problem:
+        for c in sorted(wanted, key=_largest_first):
+            if c.count:
+                items.append(Item(c, c.count, 0, 0, c.count))
+            else:
+                mem, core = per_gpu_share(c, pod.gpus_per_container)
+                items.append(Item(c, 0, mem, core, pod.gpus_per_container))
+    return Ask(tuple(items), problem, any(c.core for c in wanted))
+
+
+def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
+    """Place every GPU container of `pod` on `node`, or say why not."""
+    ask = pod if isinstance(pod, Ask) else ask_of(pod)
+    if ask.problem:
+        return Fit(reason=ask.problem, unresolvable=True)
     if node.problem:
         return Fit(reason=node.problem, unresolvable=True)
-    wanted = pod.gpu_containers
-    if node.mode not in MODES_WITH_CORE and any(c.core for c in wanted):
+    if ask.needs_core and node.mode not in MODES_WITH_CORE:
         return Fit(reason=f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)",
                    unresolvable=True)
+    if len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1:
+        return _one_share(ask.items[0], node)
     rooms = [g.copy() for g in node.gpus]
     out: dict[str, tuple[GpuShare, ...]] = {}
-    several = len(wanted) > 1
-    for c in sorted(wanted, key=_largest_first):
-        if c.count:
-            chosen = _whole(rooms, c)
-            if isinstance(chosen, str):
-                return Fit(reason=_prefix(c, several) + chosen)
-        else:
-            chosen = _shares(rooms, c, pod.gpus_per_container, node)
-            if isinstance(chosen, str):
-                return Fit(reason=_prefix(c, several) + chosen)
-        out[c.name] = chosen
+    several = len(ask.items) > 1
+    for item in ask.items:
+        chosen = _whole(rooms, item.container) if item.count else _shares(rooms, item, node)
+        if isinstance(chosen, str):
+            return Fit(reason=_prefix(item.container, several) + chosen)
+        out[item.container.name] = chosen
     return Fit(containers=out)
+
+
+def _one_share(item: Item, node: NodeView) -> Fit:
+    """The common case without copying the node's rooms: one container, one GPU."""
+    mem, core = item.mem, item.core
+    best: GpuRoom | None = None
+    best_key: tuple[int, int, int] = (0, 0, 0)
+    sign = -1 if node.placement == "spread" else 1
+    for r in node.gpus:
+        if not r.healthy or r.whole:
+            continue
+        mem_free, core_free = r.mem_total - r.mem_used, CORE_PER_GPU - r.core_used
+        if mem_free >= mem and core_free >= core:
+            key = (sign * mem_free, sign * core_free, r.index)
+            if best is None or key < best_key:
+                best, best_key = r, key
+    if best is None:
+        usable = [r for r in node.gpus if r.healthy and not r.whole]
+        return Fit(reason=_why_not(node.gpus, usable, mem, core, 1, node.unit_mib))
+    return Fit(containers={item.container.name: (GpuShare(best.index, best.uuid, mem, core),)})
 
 
 def _largest_first(c: ContainerRequest) -> tuple[int, int, int, int]:
@@ -111,8 +168,8 @@ def _whole(rooms: list[GpuRoom], c: ContainerRequest) -> tuple[GpuShare, ...] | 
     return tuple(chosen)
 
 
-def _shares(rooms: list[GpuRoom], c: ContainerRequest, gpus: int, node: NodeView) -> tuple[GpuShare, ...] | str:
-    mem, core = per_gpu_share(c, gpus)  # checked by check_pod
+def _shares(rooms: list[GpuRoom], item: Item, node: NodeView) -> tuple[GpuShare, ...] | str:
+    mem, core, gpus = item.mem, item.core, item.gpus
     usable = [r for r in rooms if r.healthy and not r.whole]
     fits = [r for r in usable if r.mem_free >= mem and r.core_free >= core]
     if len(fits) < gpus:
@@ -165,10 +222,9 @@ def _excluded(rooms: Sequence[GpuRoom]) -> str:
 
 def score(node: NodeView, placed: Fit) -> int:
     """0..10: binpack favours the node whose memory is fullest once the pod is on it, spread the emptiest."""
-    total = sum(r.mem_total for r in node.gpus if r.healthy)
+    total, used = node.mem_totals
     if not total or not placed.ok:
         return 0
-    used = sum(r.mem_total if r.whole else min(r.mem_used, r.mem_total) for r in node.gpus if r.healthy)
     used += sum(s.mem for shares in placed.containers.values() for s in shares)
     frac = min(used / total, 1.0)
     value = frac if node.placement != "spread" else 1.0 - frac

@@ -30,7 +30,7 @@ from devplugin.contract import (
 from devplugin.kube.labels import mode_from_labels
 from devplugin.scheduler.fit import NodeView
 from devplugin.scheduler.placements import Holding, pod_holding
-from devplugin.scheduler.room import GpuRoom, node_room
+from devplugin.scheduler.room import node_room
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +61,18 @@ class NodeEntry:
     usage: NodeUsage | None = None
     problem: str = ""
     held: dict[str, Held] = field(default_factory=dict)
-    rooms: tuple[GpuRoom, ...] | None = None  # cache, None when stale
+    cached: NodeView | None = None  # the view with every pod counted; None when stale
 
     def view(self, without: str = "") -> NodeView:
-        if self.inventory is None:
-            rooms: tuple[GpuRoom, ...] = ()
-        elif without and without in self.held:
+        """The node as fit sees it; `without` leaves one pod out (a pod scheduled again)."""
+        if without and without in self.held and self.inventory is not None:
             rooms = node_room(self.inventory, (h.shares for u, h in self.held.items() if u != without), self.usage)
-        else:
-            if self.rooms is None:
-                self.rooms = node_room(self.inventory, (h.shares for h in self.held.values()), self.usage)
-            rooms = self.rooms
-        return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
+            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
+        if self.cached is None:
+            rooms = () if self.inventory is None else node_room(
+                self.inventory, (h.shares for h in self.held.values()), self.usage)
+            self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
+        return self.cached
 
 
 def node_entry(obj: Mapping) -> NodeEntry:
@@ -118,6 +118,7 @@ class ClusterState:
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeEntry] = {}
         self._held: dict[str, Held] = {}  # uid -> where
+        self._assumed: dict[str, Held] = {}  # uid -> assumptions that can still expire
         self._pods: dict[str, dict] = {}  # "ns/name" -> pod JSON, GPU pods only
         self._node_locks: dict[str, threading.Lock] = {}
         self._largest = 0
@@ -164,6 +165,12 @@ class ClusterState:
             entry = self._nodes.get(name)
             return entry.view(without) if entry is not None else None
 
+    def views(self, names: Iterable[str], without: str = "") -> list[tuple[str, NodeView | None]]:
+        """Views of many nodes under one lock (filter and prioritize ask for every node)."""
+        with self._lock:
+            nodes = self._nodes
+            return [(n, e.view(without) if (e := nodes.get(n)) is not None else None) for n in names]
+
     def largest_gpu_units(self) -> int:
         """The largest healthy GPU in the cluster, in gpu-mem units (0 when no node publishes an inventory)."""
         with self._lock:
@@ -198,6 +205,7 @@ class ClusterState:
                 self._drop(pod.uid)  # its annotations are gone
             elif old is not None and old.assumed and pod.node_name:
                 old.assumed, old.bound = False, True  # bound, placed without readable annotations: keep ours
+                self._assumed.pop(pod.uid, None)
 
     def delete_pod(self, obj: Mapping) -> None:
         meta = obj.get("metadata") or {}
@@ -244,6 +252,7 @@ class ClusterState:
             held = self._held.get(uid)
             if held is not None and held.assumed:
                 held.bound = True
+                self._assumed.pop(uid, None)
 
     def forget(self, uid: str) -> None:
         with self._lock:
@@ -255,7 +264,7 @@ class ClusterState:
         """Drop assumptions whose pod was not bound in time; returns them."""
         now = self.clock()
         with self._lock:
-            gone = [h for h in self._held.values() if h.assumed and not h.bound and h.expires <= now]
+            gone = [h for h in self._assumed.values() if h.assumed and not h.bound and h.expires <= now]
             for h in gone:
                 self._drop(h.uid)
         for h in gone:
@@ -267,17 +276,20 @@ class ClusterState:
     def _keep(self, held: Held) -> None:
         self._drop(held.uid)
         self._held[held.uid] = held
+        if held.assumed:
+            self._assumed[held.uid] = held
         entry = self._nodes.get(held.node)
         if entry is None:
             entry = self._nodes[held.node] = NodeEntry(held.node, problem="node not seen yet")
         entry.held[held.uid] = held
-        entry.rooms = None
+        entry.cached = None
 
     def _drop(self, uid: str) -> None:
+        self._assumed.pop(uid, None)
         held = self._held.pop(uid, None)
         if held is None:
             return
         entry = self._nodes.get(held.node)
         if entry is not None:
             entry.held.pop(uid, None)
-            entry.rooms = None
+            entry.cached = None
