@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from watchdog.observers.api import BaseObserver
+
 from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind
@@ -55,7 +57,7 @@ class Daemon:
         self._failures = 0
         self._retry: threading.Timer | None = None
         self._worker = threading.Thread(target=self._loop, name="reconcile", daemon=True)
-        self._observer = None
+        self._observer: BaseObserver | None = None
 
     @property
     def kubelet_socket(self) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 
 class _Handler(FileSystemEventHandler):
@@ -20,7 +21,7 @@ class _Handler(FileSystemEventHandler):
             self._poke()
 
 
-def watch_socket_dir(directory: Path, names: set[str], poke: Callable[[], None]) -> Observer:
+def watch_socket_dir(directory: Path, names: set[str], poke: Callable[[], None]) -> BaseObserver:
     """Start an inotify observer calling `poke()` whenever one of `names` in `directory` changes."""
     observer = Observer()
     observer.schedule(_Handler(names, poke), str(directory), recursive=False)
