@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from devplugin.allocation.node import Node
+from devplugin.allocation.units import Kind
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
@@ -56,13 +57,13 @@ def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], 
 class RecentShares:
     """What recent containers asked for, per resource: the room to keep for a container's other half."""
 
-    def __init__(self, minimum: Mapping[object, int], history: int = 16) -> None:
+    def __init__(self, minimum: Mapping[Kind, int], history: int = 16) -> None:
         self._minimum = dict(minimum)
-        self._seen: dict[object, deque[int]] = {k: deque(maxlen=history) for k in minimum}
+        self._seen: dict[Kind, deque[int]] = {k: deque(maxlen=history) for k in minimum}
 
-    def add(self, kind: object, amount: int) -> None:
+    def add(self, kind: Kind, amount: int) -> None:
         self._seen[kind].append(amount)
 
-    def reserve(self, kind: object) -> int:
+    def reserve(self, kind: Kind) -> int:
         """The largest recent request of `kind` (at least the minimum share)."""
         return max(self._seen[kind], default=self._minimum[kind])
