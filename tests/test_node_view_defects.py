@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.allocator import Allocator, Reporter
 from devplugin.allocation.errors import PairingConflict, RequestError
 from devplugin.allocation.requests import pod_request
 from devplugin.allocation.units import Kind, encode_id
@@ -137,3 +137,23 @@ def test_a_container_refused_by_the_daemon_is_not_matched_again() -> None:
             r.kubelet.admit(pod("bad", mem=1, core=33))
         got = r.kubelet.admit(pod("good", mem=1, core=30)).containers[0]
         assert got.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+
+
+class _Told(Reporter):
+    def __init__(self) -> None:
+        self.refusals: list[tuple[str, str | None, str]] = []
+
+    def refused(self, pod, container, message):  # type: ignore[no-untyped-def]
+        self.refusals.append((pod.name if pod else "", container, message))
+
+
+@pytest.mark.parametrize("first", [Kind.CORE, Kind.MEM])
+def test_a_bad_core_request_reaches_its_pod_whichever_resource_the_kubelet_calls_first(first: Kind) -> None:
+    node = make_node()
+    told = _Told()
+    alloc = Allocator(node, pair_window_s=60, lookup=_Pods(_pod("bad", "u-bad", mem=1, core=33)), reporter=told)
+    k = MiniKubelet(node, alloc)
+    with pytest.raises(RequestError, match="multiple of 5"):
+        alloc.preferred(first, k.available(first), [], {Kind.CORE: 33, Kind.MEM: 1}[first])
+    [(pod_name, container, message)] = told.refusals
+    assert (pod_name, container) == ("bad", "main") and "gpu-core.percentage 33" in message

@@ -70,12 +70,16 @@ MountProvider = Callable[[Decision, Node, Sequence[str]], Sequence[MountSpec]]
 
 
 class HeldDevices(Protocol):
-    """A container the kubelet lists as holding devices (PodResources)."""
+    """A container the kubelet lists as holding devices (PodResources); read only."""
 
-    namespace: str
-    pod: str
-    container: str
-    devices: Mapping[Kind, Sequence[str]]
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def container(self) -> str: ...
+    @property
+    def devices(self) -> Mapping[Kind, Sequence[str]]: ...
 
 
 class PodLookup(Protocol):
@@ -137,23 +141,26 @@ class Allocator:
     def preferred(self, kind: Kind, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         """The device IDs this container should get: `size` of `available`, including `must_include`."""
         res = self.node.resource_name(kind)
-        _check_size(self.node, kind, size, per_gpu=False)
+        if size <= 0:
+            raise RequestError(f"{res}: allocation size must be positive, got {size}")
         avail = group_ids(self.node, kind, available, "available IDs")
         must = group_ids(self.node, kind, must_include, "must-include IDs")
         for uuid, ids in must.items():
             missing = ids - avail.get(uuid, set())
             if missing:
                 raise RequestError(f"{res}: must-include IDs are not among the available IDs ({len(missing)} missing)")
-        total = sum(len(v) for v in avail.values())
-        if total < size:
-            raise NoRoom(f"{res}: {size} requested but only {total} available on this node")
         with self._lock:
             self._observe(kind, avail, must_include)
             dec = None
             try:
+                # the container first, so that a refusal of its request reaches its pod as an Event
                 dec = self._decision_for(kind, size, must_include, avail)
                 if dec is not None:
                     return self._known_preferred(dec, kind, avail, must, size)
+                _check_size(self.node, kind, size)
+                total = sum(len(v) for v in avail.values())
+                if total < size:
+                    raise NoRoom(f"{res}: {size} requested but only {total} available on this node")
                 return self._anonymous_preferred(kind, avail, must, size)
             except RequestError as exc:
                 self._refuse(dec, exc)
@@ -363,7 +370,7 @@ class Allocator:
         try:
             mem, core = per_gpu_share(container, gpus) if not container.count else (0, 0)
         except PodRequestError as exc:
-            raise RequestError(f"{what}: {exc}") from None
+            raise RequestError(f"pod {pod.key}: {exc}") from None
         if container.core and Kind.CORE in self.node.kinds:
             problem = check_core(container.core, gpus)
             if problem:
@@ -505,7 +512,6 @@ class Allocator:
     # ================================================================== node-local pairing (no pod identity)
     def _anonymous_preferred(self, kind: Kind, avail: dict[str, set[str]], must: dict[str, set[str]],
                              size: int) -> list[str]:
-        _check_size(self.node, kind, size)
         if kind is Kind.COUNT:
             self.book.current(kind, for_allocate=False)
             return self._with_resync(lambda: self._preferred_whole(avail, must, size))

@@ -132,8 +132,8 @@ class ClusterReporter(Reporter):
                                              containers=dict(mine)).render(),
             c.ANN_ALIYUN_ASSIGNED: "true",
         }
-        first = next((s for name in sorted(mine) for s in mine[name]), None)
-        if first is not None and c.ANN_ALIYUN_MEM_IDX not in pod.annotations:
+        first = next((s for name in self._order(pod, mine) for s in mine[name]), None)
+        if first is not None:  # where it really went, even when a scheduler's choice was overridden
             annotations[c.ANN_ALIYUN_MEM_IDX] = str(first.index)
         if c.ANN_ACK_ALLOCATION in pod.annotations:
             annotations[c.ANN_ACK_ASSIGNED] = "true"
@@ -152,6 +152,12 @@ class ClusterReporter(Reporter):
                                      core=100 if whole else core, whole=whole))
         self.record(pod, holding.key.container, tuple(shares))
 
+    @staticmethod
+    def _order(pod: PodRequest, recorded: dict[str, tuple[c.GpuShare, ...]]) -> list[str]:
+        """Recorded container names in the pod's order (app containers first: Alibaba's index is the pod's)."""
+        order = [ct.name for ct in pod.containers if not ct.init] + [ct.name for ct in pod.containers if ct.init]
+        return [n for n in order if n in recorded] + sorted(n for n in recorded if n not in order)
+
     def _already_recorded(self, pod: PodRequest) -> dict[str, tuple[c.GpuShare, ...]]:
         raw = pod.annotations.get(c.ANN_ALLOCATED)
         if not raw:
@@ -164,8 +170,9 @@ class ClusterReporter(Reporter):
     def refused(self, pod: PodRequest | None, container: str | None, message: str) -> None:
         if pod is None:
             return
+        named = message.startswith(("container ", "pod "))
         self.writer.pod_event(pod.namespace, pod.name, pod.uid, "Warning", "GPUAllocationFailed",
-                              f"container {container}: {message}")
+                              message if named else f"container {container}: {message}")
 
     def warning(self, pod: PodRequest, reason: str, message: str) -> None:
         self.writer.pod_event(pod.namespace, pod.name, pod.uid, "Warning", reason, message)
