@@ -1,0 +1,78 @@
+"""The shipped manifests say what the service expects: paths, fail-closed policies, the extender's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from devplugin.scheduler.http import EXTENDER_PREFIX, Service, build_app
+from devplugin.scheduler.state import ClusterState
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "scheduler"
+RESOURCES = {"aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"}
+
+
+def docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def routes() -> set[str]:
+    return {r.path for r in build_app(Service(ClusterState(), None)).routes}
+
+
+def extender_configs() -> list[dict]:
+    configs = [docs("kube-scheduler-config.yaml")[0],
+               yaml.safe_load(docs("second-scheduler.yaml")[0]["data"]["config.yaml"])]
+    for c in configs:
+        assert c["apiVersion"] == "kubescheduler.config.k8s.io/v1" and c["kind"] == "KubeSchedulerConfiguration"
+    return configs
+
+
+def test_extender_config_matches_the_service_and_kube_schedulers_rules() -> None:
+    for config in extender_configs():
+        (ext,) = config["extenders"]
+        assert ext["urlPrefix"].rstrip("/").endswith(EXTENDER_PREFIX)
+        for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+            assert f"{EXTENDER_PREFIX}/{ext[verb]}" in routes()
+        assert ext["weight"] > 0  # kube-scheduler refuses a prioritizeVerb without a positive weight
+        assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["enableHTTPS"] is True
+        assert ext["tlsConfig"]["serverName"] == "devplugin-scheduler.kube-system.svc"
+        assert {m["name"] for m in ext["managedResources"]} == RESOURCES
+        assert len(ext["managedResources"]) == len(RESOURCES)
+    second = extender_configs()[1]
+    assert second["profiles"] == [{"schedulerName": "gpushare-scheduler"}]
+
+
+def test_webhooks_fail_closed_where_it_matters_and_spare_kube_system() -> None:
+    validating, mutating = docs("webhooks.yaml")
+    assert validating["kind"] == "ValidatingWebhookConfiguration"
+    (v,) = validating["webhooks"]
+    (m,) = mutating["webhooks"]
+    assert v["failurePolicy"] == "Fail" and m["failurePolicy"] == "Ignore"
+    for hook in (v, m):
+        assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+        assert 1 <= hook["timeoutSeconds"] <= 30
+        assert hook["clientConfig"]["service"]["path"] in routes()
+        assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
+        spared = hook["namespaceSelector"]["matchExpressions"][0]
+        assert spared == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}
+    assert {"key": "gpushare.io/visible-devices", "operator": "NotIn", "values": ["keep"]} in (
+        m["namespaceSelector"]["matchExpressions"])
+    assert "aliyun.com/gpu" in v["matchConditions"][0]["expression"]
+
+
+def test_deployment_serves_tls_from_the_certificates_secret() -> None:
+    deployment, service, nodeport = docs("deployment.yaml")
+    spec = deployment["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["command"] == ["devplugin", "scheduler"]
+    assert "--tls-cert-file=/etc/devplugin/tls/tls.crt" in c["args"]
+    assert c["readinessProbe"]["httpGet"]["path"] in routes() and c["livenessProbe"]["httpGet"]["path"] in routes()
+    certificate = docs("certificate.yaml")[-1]
+    assert spec["volumes"][0]["secret"]["secretName"] == certificate["spec"]["secretName"]
+    assert "devplugin-scheduler.kube-system.svc" in certificate["spec"]["dnsNames"]
+    assert nodeport["spec"]["ports"][0]["nodePort"] == 32766
+    assert spec["serviceAccountName"] == docs("rbac.yaml")[0]["metadata"]["name"]
+    rules = docs("rbac.yaml")[1]["rules"]
+    assert any("pods/binding" in r["resources"] and r["verbs"] == ["create"] for r in rules)
