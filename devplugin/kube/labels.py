@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 from devplugin.contract import LABEL_MODE, LABEL_PLACEMENT
 from devplugin.contract import LEGACY_MODE_LABELS as LEGACY_LABELS
@@ -40,7 +41,8 @@ def read_node_labels(node_name: str, kubeconfig: str = "", timeout_s: float = 5.
         node = api.read_node(node_name, _request_timeout=timeout_s)
     except Exception as exc:  # the client raises many types: config, HTTP, socket
         raise ApiserverUnavailable(f"reading node {node_name!r} from the apiserver failed: {exc}") from None
-    return dict(node.metadata.labels or {})
+    meta = cast("client.V1ObjectMeta", node.metadata)  # the apiserver always returns a node with its metadata
+    return dict(meta.labels or {})
 
 
 def mode_from_labels(labels: dict[str, str]) -> str | None:
