@@ -192,8 +192,13 @@ def run(cfg: Config) -> int:
         log.error("cannot start: %s", exc)
         return EXIT_CONFIG
     sup = Supervisor(cfg, gpus, mounts)
+
+    def stop(*_: object) -> None:
+        sup.stop_event.set()
+        sup.changed.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: (sup.stop_event.set(), sup.changed.set()))
+        signal.signal(sig, stop)
     server = HealthServer(cfg.health_port, sup.ready).start() if cfg.health_port else None
     try:
         return sup.run()

@@ -51,7 +51,7 @@ RESET_POLL_S = 5.0  # how often a GPU that needs a reset looks for the operator'
 WAIT_TIMEOUT_MS = 500  # how long stop() may wait for the thread; 2 wake-ups a second when idle
 _ERROR_BACKOFF_S = 1.0
 
-OnChange = Callable[[str, bool, str], None]
+OnChange = Callable[[str, bool, str], object]  # whatever it returns is not used
 
 
 def _address(handle: Any) -> int | None:  # an NVML device handle: a ctypes pointer (pynvml has no types)
