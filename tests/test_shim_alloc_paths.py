@@ -171,3 +171,11 @@ def test_entry_points_at_other_addresses_than_the_exported_symbols_are_matched_b
     # A newer CUDA version than the shim knows may mean another signature: only an exact match is trusted.
     assert result.step("lookup")["found"] is False
     assert "cuGetProcAddress(cuMemAlloc, version 13050)" in result.stderr
+
+
+def test_a_free_captured_into_a_graph_keeps_its_charge(node):
+    # While a stream is captured, cuMemFreeAsync is recorded into the graph, not done: the graph's memory stays
+    # reserved for the graph, and the charge stays with it.
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CUDA_CAPTURING=1)
+    steps = run(env, "init", "ctx", 0, "async", "512m", "free", "sync", "meminfo", "alloc", "768m")
+    assert used_in_view(steps[5]) == 512 * MiB and steps[6]["rc"] == CUDA_ERROR_OUT_OF_MEMORY

@@ -1,6 +1,7 @@
 /* Fake driver: host functions in stream order. cuLaunchHostFunc runs the function on a thread of its own once
  * the work this process queued on the GPU before it has finished (the simulated GPU's queue), as the real driver
- * runs it when the stream reaches it; cuCtxSynchronize waits for them too. Streams are never captured here. */
+ * runs it when the stream reaches it; cuCtxSynchronize waits for them too. Streams are captured only when a
+ * test says so (FAKE_CUDA_CAPTURING). */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -94,11 +95,12 @@ CUresult impl_cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data)
 }
 FAKE_EXPORT(cuLaunchHostFunc_ptsz)
 
+/* FAKE_CUDA_CAPTURING=1: every stream says it is being captured into a graph (status ACTIVE). */
 static CUresult is_capturing(int *status)
 {
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = fake_env_u64("FAKE_CUDA_CAPTURING", 0) ? 1 : CU_STREAM_CAPTURE_STATUS_NONE;
     return fake_initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
