@@ -11,8 +11,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class Informer:
                           _request_timeout=self.watch_timeout_s + 30)
         self._resp = resp
         try:
-            for line in watch.iter_resp_lines(resp):
+            for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     break
                 event = json.loads(line)
