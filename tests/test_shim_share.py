@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from devplugin_sim.gpu_share import Container, Run, Workload, make_gpu, measure_reclaim, measure_steady
+from devplugin_sim.gpu_share import Container, Run, Workload, make_gpu, measure_reclaim, measure_steady, shares
 from tests.shim_probe import CUDA_ERROR_NOT_PERMITTED, make_node, require_built, run_full
 
 SETTLE = 1.5  # s: the controller's first steps (100 ms each) and the pool's first fill
@@ -134,3 +134,21 @@ def test_a_pid_that_cannot_be_told_apart_is_not_guessed(gpu, tmp_path):
     assert stats["nvml_pid"] == -1, outs[0]
     assert "could not be told apart" in outs[0] and "whole GPU" in outs[0]
     assert stats["used_pct"] == stats["gpu_pct"]  # measured as the whole GPU
+
+
+def test_without_per_process_utilisation_the_share_holds_against_the_whole_gpu(gpu, tmp_path):
+    # A driver that reports no per-process utilisation: the share is held against the whole GPU (never above
+    # it), with a warning that says so.
+    held = Container("held", share=30, policy="force", env={"FAKE_NVML_PROCESS_UTILIZATION": "0"})
+    run_ = Run(gpu, tmp_path, Workload(), 3.0)
+    try:
+        run_.start(held, seconds=2.5)
+        time.sleep(1.2)
+        t0, before = time.monotonic(), run_.busy()
+        time.sleep(1.0)
+        got = shares(before, run_.busy(), time.monotonic() - t0)["held"]
+        out = run_.finish()[0]
+    finally:
+        run_.stop()
+    assert abs(got - 30) <= TOLERANCE, got
+    assert "no per-process utilisation" in out and "whole GPU" in out

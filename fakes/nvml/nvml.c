@@ -529,6 +529,13 @@ static unsigned collect_process_util(unsigned gpu, unsigned long long lastSeen, 
     return n;
 }
 
+/* FAKE_NVML_PROCESS_UTILIZATION=0: the driver reports no per-process utilisation (vGPU guests, old drivers). */
+static int process_utilisation_supported(void)
+{
+    const char *v = getenv("FAKE_NVML_PROCESS_UTILIZATION");
+    return !v || strcmp(v, "0") != 0;
+}
+
 /* Real semantics: NULL buffer or too small a count: INSUFFICIENT_SIZE with the count needed; no process with
  * utilisation in samples newer than lastSeenTimeStamp: NOT_FOUND. */
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *u,
@@ -538,6 +545,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvm
     nvmlReturn_t r = device(dev, &g);
     if (r == NVML_SUCCESS && !count)
         r = NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NVML_SUCCESS && !process_utilisation_supported())
+        r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
     struct proc_util found[FAKE_GPU_MAX_PROCS];
@@ -563,6 +572,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t de
         r = NVML_ERROR_INVALID_ARGUMENT;
     if (r == NVML_SUCCESS && info->version != nvmlProcessesUtilizationInfo_v1)
         r = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (r == NVML_SUCCESS && !process_utilisation_supported())
+        r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
     struct proc_util found[FAKE_GPU_MAX_PROCS];
