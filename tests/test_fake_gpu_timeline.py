@@ -117,3 +117,15 @@ def test_kernels_of_two_processes_share_the_gpu_timeline(node: Node) -> None:
     finally:
         for p in procs:
             finish(p)
+
+
+def test_processes_utilization_info_checks_its_version(node: Node, fake_nvml_lib: ctypes.CDLL) -> None:
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    info = pynvml.c_nvmlProcessesUtilizationInfo_v1_t()
+    info.version = pynvml.ProcessesUtilizationInfo_v1 + 1
+    rc = fake_nvml_lib.nvmlDeviceGetProcessesUtilizationInfo(h, ctypes.byref(info))
+    assert rc == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    info.version = pynvml.ProcessesUtilizationInfo_v1
+    assert pynvml.ProcessesUtilizationInfo_v1 == 0x01000018
+    rc = fake_nvml_lib.nvmlDeviceGetProcessesUtilizationInfo(h, ctypes.byref(info))  # NULL array
+    assert rc == pynvml.NVML_ERROR_INSUFFICIENT_SIZE and info.processSamplesCount > 0
