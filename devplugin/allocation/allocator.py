@@ -228,18 +228,19 @@ class Allocator:
             if self.holdings.keep_only(held):
                 self.reporter.occupancy_changed(self.holdings)
 
-    def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None) -> None:
+    def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
+                  as_of: float | None = None) -> None:
         """The kubelet's PodResources (every container holding our devices, by namespace, pod and container name)
         joined with the pod cache: forget containers the kubelet no longer lists, learn those it lists that we do
         not know (after a restart), name containers placed without pod lookup, and write every decision that is
-        not recorded on its pod yet."""
+        not recorded on its pod yet. `as_of`: when PodResources was asked (containers placed since are kept)."""
         by_name = {(p.namespace, p.name): p for p in pods or () if not p.finished}
         with self._lock:
             every: dict[Kind, set[str]] = {k: set() for k in Kind}
             for entry in held:
                 for kind, ids in entry.devices.items():
                     every[kind].update(ids)
-            changed = bool(self.holdings.keep_only(every))
+            changed = bool(self.holdings.keep_only(every, as_of))
             for entry in held:
                 changed |= self._reconcile_one(entry, by_name.get((entry.namespace, entry.pod)))
             if changed:

@@ -10,6 +10,7 @@ counted once.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind
 
 SHARED_KINDS = (Kind.MEM, Kind.CORE)
+RECORD_LAG_S = 2.0  # how long the kubelet may take to show a device it got from us in PodResources
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Holding:
     holder: str  # the decision's state directory name: unique per container
     key: ContainerKey | None
     ids: dict[Kind, dict[str, frozenset[str]]] = field(default_factory=dict)  # kind -> GPU UUID -> IDs
+    since: float = field(default_factory=time.monotonic)  # when it got its last devices
 
     def gpus(self) -> set[str]:
         return {uuid for per_gpu in self.ids.values() for uuid in per_gpu}
@@ -50,6 +53,7 @@ class Holdings:
     def add(self, holder: str, key: ContainerKey | None, kind: Kind, groups: Mapping[str, Iterable[str]]) -> None:
         """Record that `holder` got these devices of `kind` ({GPU UUID: IDs})."""
         h = self._by_holder.setdefault(holder, Holding(holder, key))
+        h.since = time.monotonic()
         per_gpu = h.ids.setdefault(kind, {})
         for uuid, ids in groups.items():
             new = frozenset(ids) - per_gpu.get(uuid, frozenset())
@@ -95,11 +99,14 @@ class Holdings:
         holders = {h for i in freed for h in self._owner.get(i, ())}
         return [h for h in (self.drop(x) for x in sorted(holders)) if h is not None]
 
-    def keep_only(self, held: Mapping[Kind, set[str]]) -> list[Holding]:
+    def keep_only(self, held: Mapping[Kind, set[str]], as_of: float | None = None) -> list[Holding]:
         """PodResources says which devices the kubelet has given out: forget holders none of whose devices it
-        lists."""
+        lists. `as_of` (time.monotonic()) is when that list was asked for: holders that got devices after it (or
+        just before: the kubelet records an Allocate only once the plugin answered) are kept."""
         gone = []
         for h in list(self._by_holder.values()):
+            if as_of is not None and h.since > as_of - RECORD_LAG_S:
+                continue
             mine = [i for kind, per_gpu in h.ids.items() for ids in per_gpu.values() for i in ids
                     if i not in held.get(kind, set())]
             total = sum(len(ids) for per_gpu in h.ids.values() for ids in per_gpu.values())
