@@ -71,6 +71,7 @@ def test_bind_writes_the_choice_with_the_binding_and_the_watch_confirms_it(api: 
         assert stored["metadata"]["annotations"][ANN_ALIYUN_MEM_IDX] == "0"
         wait_for(lambda: not state.held(p["metadata"]["uid"]).assumed, what="the watch to show the bound pod")
         assert used(state, "n1") == [10, 0]
+        assert [inf.relists for inf in informers] == [1, 1]  # changes came through the watches
         # The Binding needs the same pod: a re-created one (new uid) is refused, and the room is not kept.
         q = api.add_pod(name="q", limits={MEM: 4})
         wait_for(lambda: state.pod("default", "q"), what="pod q")

@@ -14,7 +14,6 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
-from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger(__name__)
 
