@@ -11,7 +11,7 @@ from kubernetes import client
 def read_cluster(api_client: Any, node: str = "", timeout_s: float = 30.0) -> tuple[list[dict], list[dict]]:
     """(nodes, pods): every node, or the one named, and the pods on them (plus unscheduled ones when no node
     is named)."""
-    core = client.CoreV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)  # raw answers (_preload_content=False), which its annotations omit
     if node:
         nodes = [json.loads(core.read_node(node, _preload_content=False, _request_timeout=timeout_s).data)]
         resp = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _preload_content=False,

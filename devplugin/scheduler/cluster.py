@@ -13,7 +13,9 @@ class KubeCluster:
     """Reads pods and creates Bindings (with the GPU choice as annotations)."""
 
     def __init__(self, api_client: Any, timeout_s: float = 5.0) -> None:
-        self.core = client.CoreV1Api(api_client)
+        # Any: the calls below take raw answers (_preload_content=False) and send plain dicts, which the client
+        # accepts but its annotations do not describe.
+        self.core: Any = client.CoreV1Api(api_client)
         self.timeout_s = timeout_s
 
     def get_pod(self, namespace: str, name: str) -> dict:
