@@ -38,6 +38,8 @@ contract: $(VENV)/.installed
 bench: all
 	$(PY) bench/handlers.py
 	$(PY) bench/admission.py
+	$(PY) bench/admission.py --pods --admissions 1000
+	-$(PY) bench/churn.py
 	$(PY) bench/restart_and_health.py
 	$(PY) bench/shim_overhead.py
 
