@@ -343,7 +343,7 @@ class FakeDriver:
     @classmethod
     def attach(cls, config_path: Path) -> FakeDriver:
         """The driver of an existing config (another process created it), to turn its knobs from here."""
-        gpus = []
+        gpus: list[FakeGPU] = []
         for line in Path(config_path).read_text().splitlines():
             words = shlex.split(line, comments=True)
             if not words or words[0] != "gpu":

@@ -23,9 +23,9 @@ class ContainerSpec:
                     f"container {self.name!r}: limit {resource}={value!r} is not a whole number >= 0; "
                     "extended resources are counted in whole units"
                 )
-        for key, value in self.env.items():
-            if not isinstance(key, str) or not isinstance(value, str) or not key:
-                raise ValueError(f"container {self.name!r}: env {key!r}={value!r}: names and values must be "
+        for key, env_value in self.env.items():
+            if not isinstance(key, str) or not isinstance(env_value, str) or not key:
+                raise ValueError(f"container {self.name!r}: env {key!r}={env_value!r}: names and values must be "
                                  "strings, names non-empty")
 
 
