@@ -250,11 +250,22 @@ def test_assumptions_expire_when_the_pod_is_not_bound_in_time() -> None:
     assert filter_nodes(st, pod(mem=1), ["n1"]).failed
     now[0] += 2
     assert filter_nodes(st, pod(mem=1), ["n1"]).passed == ["n1"]
-    # A Binding we created does not expire: the watch confirms it later.
+    # Bound by us: held until the watch shows the pod bound (then it is the watch's), or expired if it never does.
     st.assume(pod_request(p), "n1", {"main": (GpuShare(0, "", 16, 0),)})
     st.confirm_bound(p["metadata"]["uid"])
+    now[0] += 10
+    assert st.expire() == [] and st.view("n1").gpus[0].mem_used == 16
+    shown = {**p, "spec": {**p["spec"], "nodeName": "n1"}}  # bound, annotations not readable: ours are kept
+    st.upsert_pod(shown)
     now[0] += 1000
     assert st.expire() == [] and st.view("n1").gpus[0].mem_used == 16
+    st.delete_pod(shown)
+    assert st.view("n1").gpus[0].mem_used == 0
+    gone = pod("gone", mem=16)
+    st.assume(pod_request(gone), "n1", {"main": (GpuShare(0, "", 16, 0),)})
+    st.confirm_bound(gone["metadata"]["uid"])
+    now[0] += 31
+    assert [h.key for h in st.expire()] == ["default/gone"] and st.view("n1").gpus[0].mem_used == 0
 
 
 def test_watch_replaces_the_assumption_and_a_restart_rebuilds_the_same_room() -> None:

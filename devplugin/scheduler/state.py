@@ -48,7 +48,7 @@ class Held:
     source: str
     assumed: bool = False
     expires: float = 0.0  # clock time after which an unbound assumption is dropped
-    bound: bool = False  # the Binding was created (by us); the watch has not shown it yet
+    bound: bool = False  # our Binding was created; the watch has not shown the pod bound yet
 
 
 @dataclass
@@ -214,7 +214,7 @@ class ClusterState:
             self._drop(str(meta.get("uid", "")))
 
     def replace_pods(self, items: Iterable[Mapping]) -> None:
-        """A full list: pods not in it are gone (assumptions in flight stay until they expire)."""
+        """A full list: pods not in it are gone (assumptions stay until the watch shows them or they expire)."""
         items = list(items)
         uids = {str((o.get("metadata") or {}).get("uid", "")) for o in items}
         with self._lock:
@@ -247,12 +247,12 @@ class ClusterState:
         return held
 
     def confirm_bound(self, uid: str) -> None:
-        """Our Binding succeeded: the assumption no longer expires (the watch will replace it)."""
+        """Our Binding succeeded; the watch replaces the assumption when it shows the pod bound (within ms). If
+        it never does (the pod was deleted and the event missed), the assumption still expires."""
         with self._lock:
             held = self._held.get(uid)
             if held is not None and held.assumed:
                 held.bound = True
-                self._assumed.pop(uid, None)
 
     def forget(self, uid: str) -> None:
         with self._lock:
@@ -264,11 +264,12 @@ class ClusterState:
         """Drop assumptions whose pod was not bound in time; returns them."""
         now = self.clock()
         with self._lock:
-            gone = [h for h in self._assumed.values() if h.assumed and not h.bound and h.expires <= now]
+            gone = [h for h in self._assumed.values() if h.expires <= now]
             for h in gone:
                 self._drop(h.uid)
         for h in gone:
-            log.warning("assumption expired: pod not bound in %.0f s; its room on %s is free again",
+            why = "not seen bound by the watch" if h.bound else "not bound"
+            log.warning("assumption expired: pod %s in %.0f s; its room on %s is free again", why,
                         self.assume_ttl_s, h.node, extra={"fields": {"pod": h.key, "node": h.node}})
         return gone
 
