@@ -101,14 +101,11 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
         pod = pod_request(pod_obj)
     except PodRequestError:
         return [(n, MIN_SCORE) for n in names or ()]
+    views = _views(state, pod, names, nodes)
+    if not pod.gpu_containers:
+        return [(name, MIN_SCORE) for name, _ in views]
     ask = ask_of(pod)
-    scores = []
-    for name, view in _views(state, pod, names, nodes):
-        if view is None or not pod.gpu_containers:
-            scores.append((name, MIN_SCORE))
-            continue
-        scores.append((name, score(view, fit(ask, view))))
-    return scores
+    return [(name, score(view, fit(ask, view)) if view is not None else MIN_SCORE) for name, view in views]
 
 
 def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: str, node: str) -> PodAssignment:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, per_gpu_share
-from devplugin.contract import CORE_PER_GPU, GpuShare
+from devplugin.contract import GpuShare
 from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
 
 MODES_WITH_CORE = ("core_mem",)
@@ -31,6 +31,11 @@ class NodeView:
     unit_mib: int
     gpus: tuple[GpuRoom, ...]
     problem: str = ""  # set when the node cannot take GPU pods at all (no inventory, unknown mode)
+
+    @cached_property
+    def open_rooms(self) -> tuple[tuple[int, int, int, str], ...]:
+        """(mem free, core free, index, uuid) of each GPU that can take a share: healthy, not held whole."""
+        return tuple((r.mem_free, r.core_free, r.index, r.uuid) for r in self.gpus if r.healthy and not r.whole)
 
     @cached_property
     def mem_totals(self) -> tuple[int, int]:
@@ -130,21 +135,16 @@ def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
 def _one_share(item: Item, node: NodeView) -> Fit:
     """The common case without copying the node's rooms: one container, one GPU."""
     mem, core = item.mem, item.core
-    best: GpuRoom | None = None
-    best_key: tuple[int, int, int] = (0, 0, 0)
-    sign = -1 if node.placement == "spread" else 1
-    for r in node.gpus:
-        if not r.healthy or r.whole:
-            continue
-        mem_free, core_free = r.mem_total - r.mem_used, CORE_PER_GPU - r.core_used
-        if mem_free >= mem and core_free >= core:
-            key = (sign * mem_free, sign * core_free, r.index)
-            if best is None or key < best_key:
-                best, best_key = r, key
-    if best is None:
+    fits = [t for t in node.open_rooms if t[0] >= mem and t[1] >= core]
+    if not fits:
         usable = [r for r in node.gpus if r.healthy and not r.whole]
         return Fit(reason=_why_not(node.gpus, usable, mem, core, 1, node.unit_mib))
-    return Fit(containers={item.container.name: (GpuShare(best.index, best.uuid, mem, core),)})
+    best = min(fits, key=_spread_key) if node.placement == "spread" else min(fits)
+    return Fit(containers={item.container.name: (GpuShare(best[2], best[3], mem, core),)})
+
+
+def _spread_key(t: tuple[int, int, int, str]) -> tuple[int, int, int]:
+    return (-t[0], -t[1], t[2])
 
 
 def _largest_first(c: ContainerRequest) -> tuple[int, int, int, int]:

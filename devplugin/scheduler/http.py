@@ -30,7 +30,6 @@ from devplugin.scheduler.models import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
-    HostPriority,
     NodeListObject,
     PodObject,
     Problem,
@@ -86,12 +85,9 @@ def _parse(model: type[M], body: bytes) -> M:
         raise BadRequest(f"body is not a valid {model.__name__}: " + "; ".join(parts) + more) from None
 
 
-def _json(model: BaseModel | list, status: int = 200) -> Response:
-    if isinstance(model, list):
-        data = json.dumps([m.model_dump() for m in model])
-    else:
-        data = model.model_dump_json(by_alias=True, exclude_none=True)
-    return Response(data, status_code=status, media_type="application/json")
+def _json(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(by_alias=True, exclude_none=True), status_code=status,
+                    media_type="application/json")
 
 
 def _handler(svc: Service, fn: Callable[[Service, bytes], Awaitable[Response]]) -> Callable:
@@ -143,7 +139,8 @@ async def filter_endpoint(svc: Service, body: bytes) -> Response:
 async def prioritize_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderArgs, body)
     scores = extender.prioritize(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args))
-    return _json([HostPriority(Host=h, Score=s) for h, s in scores])
+    # HostPriority's shape, written directly: a model per node costs more than the scoring
+    return Response(json.dumps([{"Host": h, "Score": s} for h, s in scores]), media_type="application/json")
 
 
 async def bind_endpoint(svc: Service, body: bytes) -> Response:
