@@ -1,16 +1,60 @@
-# The node daemon image: `devplugin serve` plus the isolation shim it hands to containers.
-FROM debian:12-slim AS shim
-RUN apt-get update && apt-get install -y --no-install-recommends gcc make libc6-dev python3 && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY devplugin/contract.py devplugin/contract.py
-COPY shim/ shim/
-RUN make -C shim BUILD=/out
+# One image for the whole stack: `devplugin serve` (the node daemon, the default command), `devplugin scheduler`
+# (scheduler extender and admission webhooks) and `devplugin inspect`, plus the isolation shim the node daemon hands
+# to containers.
+#
+#   docker build -t gpushare/devplugin:0.1.0 .
+#
+# Both stages use Debian 12 (bookworm), the toolchain the shim is developed and tested with (gcc 12, -Werror). The
+# shim still loads in containers with glibc down to 2.17 (shim/gs_glibc_compat.h).
 
-FROM python:3.11-slim
-WORKDIR /app
+# ---- build: the shim library and the product's wheel -------------------------------------------------------------
+FROM python:3.11-slim-bookworm AS build
+# Debian's package versions move under a fixed base tag, so pinned versions would break the build; the base image
+# tag fixes the distribution release, and these packages never reach the runtime stage.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev make \
+    && rm -rf /var/lib/apt/lists/*
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY devplugin/ devplugin/
-RUN pip install --no-cache-dir . && rm -rf /root/.cache
-# The DaemonSet copies the shim to the host path it mounts into containers (see daemonset.yaml).
-COPY --from=shim /out/libgpushare.so /opt/gpushare/lib/libgpushare.so
-ENTRYPOINT ["devplugin", "serve"]
+COPY shim/ shim/
+# The shim's contract header is generated from devplugin/contract.py, the one source of the env, mount and
+# limits-file names. `lib` is the library alone: the shim's test programs need the fake driver (fakes/), which
+# has no place in the image. The wheel holds the `devplugin` package only (pyproject.toml).
+RUN python -m devplugin.contract > shim/gpushare_contract.h \
+    && make -C shim BUILD=/src/out lib \
+    && pip wheel --no-cache-dir --no-deps -w /src/out/wheels .
+
+# ---- runtime: Python, the installed wheel and the shim; no compilers ----------------------------------------------
+FROM python:3.11-slim-bookworm
+LABEL org.opencontainers.image.title="gpushare-devplugin" \
+      org.opencontainers.image.description="Share GPUs between Kubernetes pods: node daemon, isolation shim, scheduler extender and webhooks" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+COPY --from=build /src/out/wheels/ /tmp/wheels/
+RUN pip install --no-cache-dir /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels
+# The shim as shipped; the DaemonSet's initContainer copies it to the host path that the node daemon mounts into
+# containers (--shim-lib, default /usr/local/gpushare/lib/libgpushare.so), through a rename so that running
+# containers keep the copy they loaded:
+#   sh -c 'mkdir -p /host/lib && cp /opt/gpushare/lib/libgpushare.so /host/lib/libgpushare.so.new
+#          && mv /host/lib/libgpushare.so.new /host/lib/libgpushare.so'      (host /usr/local/gpushare on /host)
+COPY --from=build /src/out/libgpushare.so /opt/gpushare/lib/libgpushare.so
+# A non-root user for `devplugin scheduler` and `devplugin inspect` (securityContext runAsUser: 65532,
+# runAsNonRoot: true). The image's default user stays root because its default command, the node daemon, needs it:
+# it creates its sockets in the kubelet's /var/lib/kubelet/device-plugins, reads the kubelet's pod-resources socket
+# and writes the shim's host directories, all owned by root on the node (its initContainer, which writes the shim
+# to the host, likewise).
+RUN groupadd --system --gid 65532 gpushare \
+    && useradd --system --uid 65532 --gid 65532 --create-home --home-dir /home/gpushare \
+       --shell /usr/sbin/nologin gpushare
+# Docker's own check of the node daemon's /healthz (port DEVPLUGIN_HEALTH_PORT, 8089 by default; 0 turns the
+# endpoint and this check off). The slim image has no curl: Python's urllib asks. Kubernetes ignores HEALTHCHECK and
+# uses the manifests' probes; `docker run` of `scheduler` or `inspect` should pass --no-healthcheck.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; p = os.environ.get('DEVPLUGIN_HEALTH_PORT', '8089'); p == '0' or u.urlopen('http://127.0.0.1:' + p + '/healthz', timeout=4)"]
+EXPOSE 8089
+ENTRYPOINT ["devplugin"]
+CMD ["serve"]
