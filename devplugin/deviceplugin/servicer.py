@@ -28,10 +28,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.allocator = allocator
         self.board = board
 
-    def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
+    def GetDevicePluginOptions(  # noqa: N802 - gRPC method name
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
         return OPTIONS
 
-    def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:  # noqa: N802
+    def ListAndWatch(  # noqa: N802
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ListAndWatchResponse]:
         alive = threading.Event()
         alive.set()
 
@@ -55,7 +59,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                        "healthy": healthy}})
             yield message
 
-    def GetPreferredAllocation(self, request, context):  # noqa: N802
+    def GetPreferredAllocation(  # noqa: N802
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for req in request.container_requests:
             try:
@@ -67,7 +73,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             response.container_responses.add(deviceIDs=ids)
         return response
 
-    def Allocate(self, request, context):  # noqa: N802
+    def Allocate(  # noqa: N802
+        self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocateResponse:
         response = api_pb2.AllocateResponse()
         for req in request.container_requests:
             try:
@@ -83,7 +91,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             )
         return response
 
-    def PreStartContainer(self, request, context):  # noqa: N802
+    def PreStartContainer(  # noqa: N802
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
 
