@@ -6,9 +6,13 @@ import argparse
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from devplugin.app import logs
 from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient  # imported at run time only where needed
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "DEVPLUGIN_SCHEDULER_"
@@ -54,7 +58,7 @@ def check_arguments(args: argparse.Namespace) -> str:
     return ""
 
 
-def api_client(kubeconfig: str):  # noqa: ANN201 - kubernetes.client.ApiClient
+def api_client(kubeconfig: str) -> ApiClient:
     from kubernetes import config
 
     if kubeconfig:
