@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def remove_socket(path: Path) -> None:
                               "serve there")
 
 
-def serve_unix(path: Path, add_servicer, name: str, workers: int = 8) -> grpc.Server:
+def serve_unix(path: Path, add_servicer: Callable[[grpc.Server], object], name: str,
+               workers: int = 8) -> grpc.Server:
     """A started gRPC server on the unix socket path; add_servicer(server) registers the service."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name))
     add_servicer(server)
