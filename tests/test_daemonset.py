@@ -32,14 +32,8 @@ def daemon(pod: dict) -> dict:
     return container
 
 
-def test_rbac_grants_exactly_what_the_daemon_calls(docs: dict[str, dict]) -> None:
-    rules = {(g, r): sorted(rule["verbs"]) for rule in docs["ClusterRole"]["rules"]
-             for g in rule["apiGroups"] for r in rule["resources"]}
-    assert rules == {
-        ("", "pods"): ["get", "list", "patch", "watch"],
-        ("", "nodes"): ["get", "list", "patch", "watch"],
-        ("", "events"): ["create", "patch"],
-    }
+def test_the_daemon_runs_as_its_service_account(docs: dict[str, dict]) -> None:
+    # what the ClusterRole grants is checked against the code in tests/test_rbac.py
     binding = docs["ClusterRoleBinding"]
     sa = docs["ServiceAccount"]["metadata"]
     assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
@@ -88,3 +82,37 @@ def test_probes_ask_the_health_port(daemon: dict) -> None:
     assert port == int(env.get("DEVPLUGIN_HEALTH_PORT", Config().health_port)) == 8089
     assert daemon["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert daemon["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_shim_library_is_installed_where_allocate_mounts_it_from(pod: dict, daemon: dict) -> None:
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: m for m in daemon["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in daemon["env"]}
+    lib = Path(env.get("DEVPLUGIN_SHIM_LIB", Config().shim_lib))
+    [mount] = [m for path, m in mounts.items() if lib.is_relative_to(path)]
+    assert mount["readOnly"] is True
+    host_lib = Path(volumes[mount["name"]]) / lib.relative_to(mount["mountPath"])
+    assert host_lib == lib  # the daemon names the library by its host path, and the host path is the same
+    [install] = pod["initContainers"]
+    [target] = [m for m in install["volumeMounts"] if m["name"] == mount["name"]]
+    assert f"{target['mountPath']}/{lib.relative_to(mount['mountPath'])}" in " ".join(install["command"])
+
+
+def test_one_node_at_a_time_and_never_two_daemons_on_a_node(docs: dict[str, dict]) -> None:
+    strategy = docs["DaemonSet"]["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+
+
+def test_requests_and_limits_from_the_measured_steady_rss(daemon: dict) -> None:
+    # bench/restart_and_health.py: steady RSS 46.9 MB (README, Benchmarks)
+    res = daemon["resources"]
+    assert res["requests"] == {"cpu": "20m", "memory": "64Mi"}
+    assert res["limits"] == {"memory": "256Mi"}  # no CPU limit: throttling delays admissions
+
+
+def test_the_daemon_has_no_capability_and_a_read_only_root(daemon: dict) -> None:
+    sc = daemon["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert daemon["command"] == ["devplugin", "serve"]
