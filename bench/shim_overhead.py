@@ -90,9 +90,10 @@ def main() -> int:
         results[name] = {"no_shim_ns": round(a, 2), "shim_ns": round(b, 2), "ratio": round(b / a, 2)}
         print(f"{name:<20}{a:>10.2f}{b:>10.2f}{b / a:>8.2f}")
 
-    driver.set_utilization(0, 100)  # the GPU reads fully busy: a 20 % share must hold launches back
-    shim_env = {**env, "LD_PRELOAD": str(SHIM), "CUDA_DEVICE_SM_LIMIT": "20", "CUDA_DEVICE_MEMORY_LIMIT": "1g"}
-    steps = probe(shim_env, "gpa-ptsz", "init", "ctx", "0", "launchfor", "launch", "400", "8", "counters", "stats",
+    # Kernels now take time and the process keeps the GPU busy: a 20 % share must hold its launches back.
+    shim_env = {**env, "LD_PRELOAD": str(SHIM), "CUDA_DEVICE_SM_LIMIT": "20", "CUDA_DEVICE_MEMORY_LIMIT": "1g",
+                "GPU_CORE_UTILIZATION_POLICY": "force", "FAKE_CUDA_NS_PER_BLOCK": "1000", "FAKE_CUDA_QUEUE_US": "20000"}
+    steps = probe(shim_env, "gpa-ptsz", "init", "ctx", "0", "launchfor", "launch", "600", "100", "counters", "stats",
                   "0", "async", "768m", "async", "512m")
     launched, counters, stats, async_ok, async_over = steps[2], steps[3], steps[4], steps[5], steps[6]
     ptsz_ok = counters["launch_ptsz"] == launched["n"] and counters["launch"] == 0 and stats["waits"] > 0

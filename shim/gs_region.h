@@ -51,7 +51,7 @@ struct gs_region_compute {
     int32_t gpu_pct;        /* the whole GPU's utilisation at the last step; -1 = not measured */
     int32_t steps;          /* control steps taken */
     uint64_t unmeasured_since; /* launches spent tokens but NVML had no newer sample since then; 0 = none */
-    uint64_t reserved;
+    uint64_t resumed;       /* the container was away: the next measurement sets the rate outright */
 };
 
 struct gs_region {

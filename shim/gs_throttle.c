@@ -156,8 +156,12 @@ static void control(int d)
     c->step_at = now;
     c->step_spent = spent;
     c->step_waits = waits;
-    if (!last || now - last > 10 * period)
-        return; /* first step, or the container was away: only take the counters */
+    if (!last || now - last > 10 * period) {
+        /* First step, or the container was away (its learnt rate may be for another workload): only take the
+         * counters, and let the next measurement set the rate outright. */
+        __atomic_store_n(&c->resumed, 1, __ATOMIC_RELAXED);
+        return;
+    }
     double dt = (double)(now - last) / 1e9;
     int u = -1, others;
     int cu = measure(d, c, used, &u, &others);
@@ -165,6 +169,7 @@ static void control(int d)
         return;
     int share = gs_gates[d].share, reclaim;
     int a = target_share(c, share, cu, others, now, &reclaim);
+    int outright = reclaim || __atomic_load_n(&c->resumed, __ATOMIC_RELAXED);
     __atomic_store_n(&c->allowed, a, __ATOMIC_RELAXED);
     __atomic_store_n(&c->used_pct, cu, __ATOMIC_RELAXED);
     __atomic_store_n(&c->gpu_pct, u, __ATOMIC_RELAXED);
@@ -179,7 +184,7 @@ static void control(int d)
     } else {
         double target = (double)used / dt * a / cu;
         double r = target;
-        if (rate && !reclaim) {
+        if (rate && !outright) {
             r = sqrt((double)rate * target);
             r = r > 4.0 * rate ? 4.0 * rate : r < rate / 4.0 ? rate / 4.0 : r;
         }
@@ -187,10 +192,11 @@ static void control(int d)
     }
     int64_t cap = (int64_t)((double)rnext * GS_CAPACITY_NS / 1e9);
     __atomic_store_n(&c->capacity, cap < 1 ? 1 : cap, __ATOMIC_RELAXED);
-    if (!rate || reclaim) {
+    if (!rate || outright) {
         __atomic_store_n(&c->pool, reclaim ? 0 : cap, __ATOMIC_RELAXED);
         __atomic_store_n(&c->last_refill, now_ns(), __ATOMIC_RELEASE);
     }
+    __atomic_store_n(&c->resumed, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&c->rate, rnext, __ATOMIC_RELEASE);
     GS_DEBUG("CUDA device %d: container %d%%, GPU %d%% (share %d%%, aiming at %d%%), %.0f tokens/s -> rate %lld", d,
              cu, u, share, a, (double)used / dt, (long long)rnext);
