@@ -24,10 +24,12 @@ demo: all
 
 test: all
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 proto: $(VENV)/.installed
 	$(PY) -m devplugin.api.generate
