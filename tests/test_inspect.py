@@ -33,7 +33,7 @@ def cluster() -> Iterator[FakeApiserver]:
         api.add_pod(name="whole", node_name="gpu-a", phase="Running", limits={COUNT: 1},
                     annotations={ANN_ALLOCATED: assignment("gpu-a", main=(GpuShare(1, "", 16, 0, whole=True),))})
         api.add_pod(name="legacy", node_name="gpu-b", phase="Running", limits={MEM: 5},
-                    annotations={ANN_ALIYUN_MEM_IDX: "2"})
+                    annotations={ANN_ALIYUN_MEM_IDX: "2", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"})
         api.add_pod(name="done", node_name="gpu-b", phase="Succeeded", limits={MEM: 15},
                     annotations={ANN_ALIYUN_MEM_IDX: "0"})
         api.add_pod(name="waiting", limits={MEM: 20})
@@ -88,6 +88,7 @@ def test_json_for_scripts(cluster: FakeApiserver, capsys: pytest.CaptureFixture[
     assert {(p["namespace"], p["name"], p["state"]) for p in gpu0["pods"]} == {
         ("ml", "train", "allocated"), ("default", "serve", "scheduled")}
     assert doc["nodes"][1]["gpus"][3]["healthy"] is False
+    assert doc["nodes"][1]["gpus"][2]["pods"][0]["state"] == "allocated"  # Alibaba's ASSIGNED=true
     assert doc["pending"] == [{"namespace": "default", "name": "waiting", "node": "", "mem": 20, "core": 0,
                                "count": 0}]
     assert (doc["memAllocatedMiB"], doc["memTotalMiB"]) == (31 * 1024, 92 * 1024)

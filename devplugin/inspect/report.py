@@ -8,7 +8,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from devplugin.allocation.requests import PodRequestError, pod_request
-from devplugin.contract import ANN_ALLOCATED, CORE_PER_GPU
+from devplugin.contract import (
+    ANN_ACK_ALLOCATION,
+    ANN_ACK_ASSIGNED,
+    ANN_ALIYUN_ASSIGNED,
+    ANN_ALIYUN_MEM_IDX,
+    ANN_ALLOCATED,
+    CORE_PER_GPU,
+)
 from devplugin.scheduler.placements import pod_holding
 from devplugin.scheduler.room import node_room
 from devplugin.scheduler.state import node_entry
@@ -73,6 +80,14 @@ class Report:
         return asdict(self)
 
 
+def _state(source: str, annotations: Mapping[str, str]) -> str:
+    """"allocated" once the node placed it (our record, or Alibaba's / ACK's assigned=true), else "scheduled"."""
+    placed = (source == ANN_ALLOCATED
+              or (source == ANN_ALIYUN_MEM_IDX and annotations.get(ANN_ALIYUN_ASSIGNED) == "true")
+              or (source == ANN_ACK_ALLOCATION and annotations.get(ANN_ACK_ASSIGNED) == "true"))
+    return "allocated" if placed else "scheduled"
+
+
 def _ip(node: Mapping) -> str:
     for addr in (node.get("status") or {}).get("addresses") or []:
         if addr.get("type") == "InternalIP":
@@ -98,7 +113,7 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
                                           sum(c.core for c in pod.gpu_containers),
                                           sum(c.count for c in pod.gpu_containers)))
             continue
-        state = "allocated" if held[0] == ANN_ALLOCATED else "scheduled"
+        state = _state(held[0], pod.annotations)
         holdings.setdefault(pod.node_name, []).append((pod, held[1], state))
     out: list[NodeReport] = []
     for obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
