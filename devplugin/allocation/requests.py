@@ -28,6 +28,7 @@ from devplugin.contract import (
 )
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+_AMOUNT_FIELD = {RESOURCE_MEM: "mem", RESOURCE_CORE: "core", RESOURCE_COUNT: "count"}  # ContainerRequest.amount()
 
 
 class PodRequestError(ValueError):
@@ -53,7 +54,7 @@ class ContainerRequest:
 
     def amount(self, resource: str) -> int:
         """The amount of `resource` (short name: gpu-mem, gpu-core.percentage, gpu-count)."""
-        return {RESOURCE_MEM: self.mem, RESOURCE_CORE: self.core, RESOURCE_COUNT: self.count}[resource]
+        return getattr(self, _AMOUNT_FIELD[resource])  # called for every container of every pod on each lookup
 
 
 @dataclass(frozen=True)
