@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BUILD  := build
 
-.PHONY: all demo test lint proto contract native bench clean manifests
+.PHONY: all demo demo-cluster test lint proto contract native bench clean manifests
 
 all: native $(VENV)/.installed
 
@@ -21,6 +21,10 @@ native:
 
 demo: all
 	$(PY) -m devplugin demo
+
+# The scheduler extender on two simulated nodes: the default scheduler's choice fails, the extender's succeeds.
+demo-cluster: all
+	$(PY) -m devplugin_sim.demo_extender
 
 test: all
 	$(PY) -m ruff check .
@@ -50,6 +54,7 @@ bench: all
 	-$(PY) bench/churn.py
 	$(PY) bench/restart_and_health.py
 	$(PY) bench/shim_overhead.py
+	$(PY) bench/scheduler.py
 
 # The gRPC C++ toolchain for the compiled admission client (bench/cpp), which bench/admission.py prefers.
 .PHONY: bench-deps

@@ -55,12 +55,16 @@ class Informer:
                 while not self._stop.is_set():
                     rv = self._watch_from(rv)
             except ApiException as exc:
+                if self._stop.is_set():
+                    break
                 if exc.status == 410:
                     log.info("%s watch expired (410 Gone); listing again", self.kind)
                     continue
                 log.warning("%s list/watch failed: %s; retrying in %.0f s", self.kind, exc.reason or exc,
                             self.retry_s)
             except Exception as exc:  # connection refused or reset, timeouts
+                if self._stop.is_set():
+                    break
                 log.warning("%s list/watch failed: %s; retrying in %.0f s", self.kind, exc, self.retry_s)
             self._stop.wait(self.retry_s)
 
