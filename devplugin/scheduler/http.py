@@ -56,7 +56,6 @@ class Service:
     state: ClusterState
     cluster: Cluster | None
     max_body: int = DEFAULT_MAX_BODY
-    namespace_labels: Callable[[str], dict[str, str]] | None = None
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -190,8 +189,7 @@ async def mutate_endpoint(svc: Service, body: bytes) -> Response:
     uid = review.request.uid
     resp = AdmissionResponse(uid=uid, allowed=True)
     if pod is not None and review.request.operation == "CREATE":
-        ns_labels = svc.namespace_labels(review.request.namespace) if svc.namespace_labels else None
-        ops = admission.mutate(pod, ns_labels)
+        ops = admission.mutate(pod)  # namespaces opt out through the webhook's namespaceSelector
         if ops:
             resp.patch = base64.b64encode(json.dumps(ops).encode()).decode()
             resp.patchType = "JSONPatch"
