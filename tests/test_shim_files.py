@@ -50,7 +50,7 @@ def test_the_limits_file_is_read_only_complete_and_left_without_temporaries(path
 def test_the_state_directory_is_writable_by_any_container_user(paths):
     prepare_container(paths, "c1", limits((UUID_A, GiB, 100)))
     state = paths.host_root / "containers" / "c1" / "state"
-    assert state.is_dir() and stat.S_IMODE(state.stat().st_mode) == 0o777
+    assert state.is_dir() and stat.S_IMODE(state.stat().st_mode) == 0o1777  # sticky: users keep their files
 
 
 def test_two_allocates_for_one_container_merge_and_return_the_same_mounts(paths):

@@ -149,7 +149,11 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
         _write_atomically(cdir / OWNER, json.dumps(asdict(owner)), 0o444)
     state = cdir / STATE
     state.mkdir(exist_ok=True)
-    os.chmod(state, 0o777)  # the container's processes may run as any user
+    # Any user of the container may write here (its processes may run as any uid, and the pod spec's runAsUser
+    # does not reach the daemon); nobody else can reach it: the parent is root-only and the directory is mounted
+    # into this container alone. Sticky, like /tmp: one user cannot delete or replace another's usage file
+    # (to start its accounting afresh).
+    os.chmod(state, 0o1777)
     limits_path = cdir / LIMITS
     earlier = _read_limits(limits_path)
     merged = merge_limits(earlier, limits) if earlier else limits
