@@ -6,7 +6,11 @@ Each call goes through the real Starlette app (JSON body in, pydantic models, JS
 TLS and HTTP parsing come on top. `function` rows time the plain functions alone. Prints milliseconds, p50 and
 p99.
 
-Run: .venv/bin/python bench/scheduler.py [--nodes 1000] [--calls 200]
+--https runs `devplugin scheduler` as its own process over HTTPS (TLS from openssl, state from its watches of a
+fake apiserver holding the same cluster) and times the calls as kube-scheduler and the apiserver make them:
+socket, TLS (kept alive), HTTP, JSON; bind there includes the fake apiserver's Binding.
+
+Run: .venv/bin/python bench/scheduler.py [--nodes 1000] [--calls 200] [--https]
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ def timed(fn: Callable[[], object], calls: int) -> list[float]:
 
 
 def row(name: str, ms: list[float]) -> None:
-    print(f"{name:<46} p50 {percentile(ms, 50):8.3f} ms   p99 {percentile(ms, 99):8.3f} ms   ({len(ms)} calls)")
+    print(f"{name:<50} p50 {percentile(ms, 50):8.3f} ms   p99 {percentile(ms, 99):8.3f} ms   ({len(ms)} calls)")
 
 
 class Asgi:
@@ -105,12 +109,104 @@ def review(obj: dict) -> bytes:
                                    "namespace": "default", "operation": "CREATE", "object": obj}}).encode()
 
 
+def over_https(nodes: int, calls: int) -> int:
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    import httpx
+
+    from bench.common import REPO, stop
+    from devplugin_sim.fake_apiserver import FakeApiserver
+
+    rng = random.Random(7)
+    tmp = Path(tempfile.mkdtemp(prefix="gsbench-sched-"))
+    cert, key = tmp / "tls.crt", tmp / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=bench",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with FakeApiserver() as api:
+        state, names = cluster(nodes, rng)
+        for name in names:
+            n = node(name, gpus=GPUS, units=UNITS)
+            api.add_node(name, labels=n["metadata"]["labels"], annotations=n["metadata"]["annotations"])
+        for name in names:
+            for held in state.pods_on(name):
+                ns, pname = held.key.split("/")
+                share = next(iter(held.shares.values()))[0]
+                api.add_pod(name=pname, namespace=ns, node_name=name, phase="Running",
+                            limits={"aliyun.com/gpu-mem": share.mem, "aliyun.com/gpu-core.percentage": share.core},
+                            annotations={ANN_ALLOCATED: PodAssignment(name, 1, {"main": (share,)}).render()})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "devplugin", "scheduler", "--address", "127.0.0.1", "--port", str(port),
+             "--tls-cert-file", str(cert), "--tls-private-key-file", str(key), "--kubeconfig", api.kubeconfig_path,
+             "--log-level", "WARNING"], env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"https://127.0.0.1:{port}"
+        try:
+            with httpx.Client(verify=False, timeout=30) as http:
+                t = time.perf_counter()
+                while True:
+                    try:
+                        if http.get(f"{url}/readyz").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if time.perf_counter() - t > 120:
+                        raise SystemExit("devplugin scheduler did not become ready in 120 s")
+                    time.sleep(0.2)
+                print(f"devplugin scheduler over HTTPS: {nodes} nodes x {GPUS} GPUs, {nodes * PODS_PER_NODE} pods "
+                      f"from its watches (ready in {time.perf_counter() - t:.1f} s)")
+                asks = pod("bench", containers=[container(mem=12, core=20)])
+                body = json.dumps({"Pod": asks, "NodeNames": names}).encode()
+                hdr = {"content-type": "application/json"}
+                answer = http.post(f"{url}/scheduler/filter", content=body, headers=hdr).json()
+                print(f"filter answer: {len(answer['NodeNames'])} nodes pass, {len(answer['FailedNodes'])} fail")
+                for verb in ("filter", "prioritize"):
+                    r = http.post(f"{url}/scheduler/{verb}", content=body, headers=hdr)
+                    assert r.status_code == 200, r.text
+                    row(f"{verb} (HTTPS, NodeNames)", timed(
+                        lambda verb=verb: http.post(f"{url}/scheduler/{verb}", content=body, headers=hdr), calls))
+                it = iter(range(calls * 3))
+
+                def one_bind() -> None:
+                    i = next(it)
+                    p = api.add_pod(name=f"b{i}", limits={"aliyun.com/gpu-mem": 2})
+                    args = {"PodName": f"b{i}", "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
+                            "Node": rng.choice(names)}
+                    t0 = time.perf_counter()
+                    r = http.post(f"{url}/scheduler/bind", json=args)
+                    bind_ms.append((time.perf_counter() - t0) * 1000)
+                    assert r.json()["Error"] == "", r.text
+
+                bind_ms: list[float] = []
+                for _ in range(calls * 2):
+                    one_bind()
+                row("bind (HTTPS, with the fake apiserver's Binding)", bind_ms[calls // 10:])
+                gpu_pod = review(pod("w", containers=[container("a", mem=8, core=20), container("sidecar")]))
+                for hook in ("validate", "mutate"):
+                    row(f"{hook} webhook (HTTPS)", timed(
+                        lambda hook=hook: http.post(f"{url}/admission/{hook}", content=gpu_pod, headers=hdr),
+                        calls * 5))
+        finally:
+            stop(proc)
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--https", action="store_true", help="time `devplugin scheduler` as a process over HTTPS")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
+    if args.https:
+        return over_https(args.nodes, args.calls)
     rng = random.Random(7)
     t = time.perf_counter()
     state, names = cluster(args.nodes, rng)
@@ -122,6 +218,8 @@ def main() -> int:
     for verb in ("filter", "prioritize"):
         status, answer = http.post(f"/scheduler/{verb}", content=body)
         assert status == 200, answer
+    passed = json.loads(http.post("/scheduler/filter", content=body)[1])
+    print(f"filter answer: {len(passed['NodeNames'])} nodes pass, {len(passed['FailedNodes'])} fail")
 
     row("filter (HTTP, NodeNames)", timed(lambda: http.post("/scheduler/filter", content=body), args.calls))
     row("prioritize (HTTP, NodeNames)", timed(lambda: http.post("/scheduler/prioritize", content=body), args.calls))

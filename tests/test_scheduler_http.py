@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import base64
 import json
+import warnings
 
 import jsonpatch
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from starlette.testclient import TestClient
+
+with warnings.catch_warnings():  # Starlette's note about the HTTP library under its test client
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
 
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.state import ClusterState
