@@ -100,3 +100,14 @@ def test_errors_are_one_line(cluster: FakeApiserver, capsys: pytest.CaptureFixtu
     cluster.down("refuse")
     assert main(["--kubeconfig", cluster.kubeconfig_path]) == 1
     assert capsys.readouterr().err.startswith("inspect: cannot reach the apiserver")
+
+
+def test_no_kubeconfig_says_what_to_set(monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main([]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("inspect: cannot load a kubeconfig") and "set KUBECONFIG or --kubeconfig" in err
+    assert main(["--kubeconfig", "/nonexistent/other"]) == 1
+    assert capsys.readouterr().err.startswith("inspect: cannot load a kubeconfig: ")

@@ -26,8 +26,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         api = config.new_client_from_config(config_file=args.kubeconfig or None)
     except Exception as exc:  # missing or broken kubeconfig
-        sys.stderr.write(f"inspect: cannot load a kubeconfig: {exc}\n")
-        return 1
+        if args.kubeconfig:
+            sys.stderr.write(f"inspect: cannot load a kubeconfig: {exc}\n")
+            return 1
+        try:  # inside a pod: its service account
+            config.load_incluster_config()
+            from kubernetes import client
+
+            api = client.ApiClient()
+        except config.ConfigException:
+            sys.stderr.write(f"inspect: cannot load a kubeconfig ({exc}) and not running in a pod; set KUBECONFIG "
+                             "or --kubeconfig\n")
+            return 1
     try:
         nodes, pods = read_cluster(api, args.node)
     except ApiException as exc:
