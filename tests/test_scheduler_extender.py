@@ -308,3 +308,12 @@ def test_alibaba_and_ack_annotations_count_as_held() -> None:
               annotations={"scheduler.framework.gpushare.allocation": '{"0":{"0":3}}'})
     st = state_with(node("n1", gpus=2, units=8), pods=(ali, ack))
     assert [g.mem_used for g in st.view("n1").gpus] == [3, 6]
+
+
+def test_a_pod_already_bound_keeps_what_it_holds() -> None:
+    st = state_with(node("n1", gpus=1, units=16))
+    bound = held(0, 10, name="done-before")
+    st.upsert_pod(bound)
+    with pytest.raises(BindError, match="already bound to node n1"):
+        bind(st, FakeCluster(st), "default", "done-before", bound["metadata"]["uid"], "n1")
+    assert st.view("n1").gpus[0].mem_used == 10

@@ -65,17 +65,20 @@ def _views(state: ClusterState, pod: PodRequest, names: Sequence[str] | None,
     return out
 
 
+def _names(names: Sequence[str] | None, nodes: Sequence[Mapping] | None) -> list[str]:
+    return list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
+
+
 def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
                  nodes: Sequence[Mapping] | None = None) -> FilterOutcome:
     out = FilterOutcome()
     try:
         pod = pod_request(pod_obj)
     except PodRequestError as exc:
-        all_names = list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
-        out.unresolvable = dict.fromkeys(all_names, str(exc))
+        out.unresolvable = dict.fromkeys(_names(names, nodes), str(exc))
         return out
     if not pod.gpu_containers:
-        out.passed = list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
+        out.passed = _names(names, nodes)
         return out
     state.expire()
     views = _views(state, pod, names, nodes)
@@ -100,7 +103,7 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
     try:
         pod = pod_request(pod_obj)
     except PodRequestError:
-        return [(n, MIN_SCORE) for n in names or ()]
+        return [(n, MIN_SCORE) for n in _names(names, nodes)]
     views = _views(state, pod, names, nodes)
     if not pod.gpu_containers:
         return [(name, MIN_SCORE) for name, _ in views]
@@ -123,6 +126,8 @@ def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: 
         pod = pod_request(pod_obj)
     except PodRequestError as exc:
         raise BindError(f"pod {namespace}/{name}: {exc}") from None
+    if pod.node_name:  # an earlier bind whose answer was lost: what it holds stays as the watch shows it
+        raise BindError(f"pod {pod.key} is already bound to node {pod.node_name}")
     if not pod.gpu_containers:
         _write(cluster, pod, node, None)
         return PodAssignment(node=node, time_ns=0)
