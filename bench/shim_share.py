@@ -1,6 +1,6 @@
 """Compute shares between containers on one simulated GPU under the real shim, and how fast `default` gives back.
 
-    .venv/bin/python bench/shim_share.py [--grid 132] [--settle 2] [--window 4] [--repeat 3]
+    .venv/bin/python bench/shim_share.py [--grid 132] [--settle 3] [--window 4] [--repeat 3]
 
 Every container is one process (or --processes) of `build/shim/tests/gs_probe` launching kernels of GRID blocks
 x 1 us back to back with `libgpushare.so` preloaded, its own usage file, CUDA_DEVICE_SM_LIMIT and
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from devplugin_sim.gpu_share import Container, Workload, make_gpu, measure_reclaim, measure_steady  # noqa: E402
 
-# (name, [(share, policy, shim)], what each container should get)
+# (name, [(share, policy, shim)] per container)
 SCENARIOS = [
     ("30 alone, force", [(30, "force", True)]),
     ("70 + 30, force", [(70, "force", True), (30, "force", True)]),
@@ -37,6 +37,9 @@ SCENARIOS = [
     ("30 force + no shim", [(30, "force", True), (100, "force", False)]),
     ("30 alone, default", [(30, "default", True)]),
     ("30 default + 70 force", [(30, "default", True), (70, "force", True)]),
+    ("30 default + 20 force", [(30, "default", True), (20, "force", True)]),
+    ("30 default + 30 default", [(30, "default", True), (30, "default", True)]),
+    ("50 default + unlimited", [(50, "default", True), (100, "force", True)]),
 ]
 
 
@@ -44,7 +47,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", type=int, default=132, help="blocks per kernel (1 us each)")
     parser.add_argument("--processes", type=int, default=1, help="processes per container")
-    parser.add_argument("--settle", type=float, default=2.0)
+    parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=4.0)
     parser.add_argument("--repeat", type=int, default=3, help="reclaim runs")
     args = parser.parse_args()
