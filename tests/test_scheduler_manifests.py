@@ -23,7 +23,7 @@ def routes() -> set[str]:
 
 def extender_configs() -> list[dict]:
     configs = [docs("kube-scheduler-config.yaml")[0],
-               yaml.safe_load(docs("second-scheduler.yaml")[0]["data"]["config.yaml"])]
+               yaml.safe_load(docs("../overlays/second-scheduler/second-scheduler.yaml")[0]["data"]["config.yaml"])]
     for c in configs:
         assert c["apiVersion"] == "kubescheduler.config.k8s.io/v1" and c["kind"] == "KubeSchedulerConfiguration"
     return configs
