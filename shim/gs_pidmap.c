@@ -125,7 +125,7 @@ void gs_pidmap_begin(struct gs_pidmap_scope *s, const char *uuid)
         GS_WARN("NVML cannot see %s: this process's own GPU use cannot be measured", uuid);
         return;
     }
-    if (!gs_region_own_slot())
+    if (!(s->slot = gs_region_own_slot()))
         return;
     s->lock_fd = gpu_lock(uuid);
     gs_region_lock();
@@ -147,7 +147,7 @@ void gs_pidmap_end(struct gs_pidmap_scope *s, CUresult rc)
     unsigned after[GS_USAGE_MAX_PROCS], found = 0;
     int nafter = rc == CUDA_SUCCESS ? gs_usage_processes(s->dev, after, GS_USAGE_MAX_PROCS) : -1;
     struct gs_region *r = gs_region_map();
-    struct gs_slot *mine = gs_region_own_slot();
+    struct gs_slot *mine = s->slot;
     int candidates = 0;
     for (int i = 0; i < nafter; i++) {
         int was = 0;
@@ -158,7 +158,7 @@ void gs_pidmap_end(struct gs_pidmap_scope *s, CUresult rc)
             candidates++;
         }
     }
-    if (nafter >= 0 && mine) {
+    if (nafter >= 0) {
         int32_t nvml_pid = candidates == 1 ? (int32_t)found : -1;
         __atomic_store_n(&mine->nvml_pid, nvml_pid, __ATOMIC_RELEASE);
         __atomic_store_n(&mine->nvml_owner, (int32_t)getpid(), __ATOMIC_RELEASE);

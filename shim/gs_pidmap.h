@@ -17,9 +17,12 @@
 
 #define GS_ENV_GPU_LOCK_DIR "GPUSHARE_GPU_LOCK_DIR"
 
+struct gs_slot;
+
 struct gs_pidmap_scope {
     int active;
     int lock_fd;
+    struct gs_slot *slot; /* this process's slot in the usage file */
     nvmlDevice_t dev;
     int nbefore;
     unsigned before[GS_USAGE_MAX_PROCS];
