@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
-from devplugin.kube.labels import mode_from_labels, resolve
+from devplugin.app.config import Config
+from devplugin.app.serve import settings_from
+from devplugin.kube.labels import mode_from_labels
 
 
-def test_unreachable_apiserver_falls_back_to_flags(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": "http://127.0.0.1:9"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-        "users": [{"name": "t", "user": {"token": "x"}}],
-    }))
-    t0 = time.monotonic()
-    settings = resolve("gpu-node-1", str(kubeconfig), 2.0, "cgpu", "spread")
-    assert (settings.mode, settings.placement) == ("cgpu", "spread")
-    assert "apiserver unavailable" in settings.source
-    assert time.monotonic() - t0 < 30
+def test_labels_win_and_flags_are_the_fallback() -> None:
+    cfg = Config(mode="cgpu", placement="spread")
+    labelled = settings_from({"ack.node.gpu.schedule": "core_mem", "ack.node.gpu.placement": "binpack"}, cfg)
+    assert (labelled.mode, labelled.placement) == ("core_mem", "binpack") and "node label" in labelled.source
+    unread = settings_from(None, cfg)  # the apiserver could not be asked
+    assert (unread.mode, unread.placement) == ("cgpu", "spread") and "apiserver not reachable" in unread.source
+    unlabelled = settings_from({}, cfg)
+    assert unlabelled.mode == "cgpu" and "no ack.node.gpu.schedule label" in unlabelled.source
 
 
-def test_no_node_name_falls_back_to_flags() -> None:
-    settings = resolve("", "", 1.0, "share", "binpack")
-    assert settings.mode == "share" and "apiserver unavailable" in settings.source
+def test_without_labels_or_a_mode_flag_there_is_nothing_to_serve_yet() -> None:
+    assert settings_from(None, Config(mode="")) is None  # wait for the apiserver (not ready)
+    assert settings_from({}, Config(mode="")).mode == ""  # reachable, but the node says nothing: serve nothing
 
 
 def test_mode_labels_and_legacy_labels() -> None:

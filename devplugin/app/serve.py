@@ -18,11 +18,13 @@ from devplugin.allocation.node import MODES
 from devplugin.allocation.units import UnitTooFine
 from devplugin.app.config import Config
 from devplugin.app.health_server import HealthServer
+from devplugin.app.metrics import NodeMetrics
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
+from devplugin.contract import LABEL_MODE, LABEL_PLACEMENT
 from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
-from devplugin.kube.labels import LABEL_MODE, LABEL_PLACEMENT, NodeSettings, mode_from_labels
+from devplugin.kube.labels import NodeSettings, mode_from_labels
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class Supervisor:
         self.cfg = cfg
         self.gpus = gpus
         self.mounts = mounts
+        self.metrics = NodeMetrics(lambda: self.link, cfg.node_name)
         self.stop_event = threading.Event()
         self.changed = threading.Event()
         self.link = KubeLink()
@@ -120,7 +123,7 @@ class Supervisor:
                 continue
             try:
                 self.current = build(self.cfg, self.gpus, self.settings.mode, self.settings.placement, self.mounts,
-                                     self.link)
+                                     self.link, self.metrics)
             except (UnitTooFine, ValueError) as exc:
                 log.error("cannot serve: %s", exc)
                 return EXIT_CONFIG
@@ -199,7 +202,8 @@ def run(cfg: Config) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    server = HealthServer(cfg.health_port, sup.ready).start() if cfg.health_port else None
+    server = (HealthServer(cfg.health_port, sup.ready, registry=sup.metrics.registry).start()
+              if cfg.health_port else None)
     try:
         return sup.run()
     finally:
