@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplugin.app.config import Config
+from devplugin.app.health_server import HealthServer
+from devplugin.app.metrics import NodeMetrics
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
 from devplugin.app.serve import shim_mounts
 from devplugin.deviceplugin.daemon import Daemon
@@ -48,6 +50,13 @@ class Running:
     nd: NodeDaemon | None = None
     api: FakeApiserver | None = None
     node_name: str = "gpu-node"
+    metrics: NodeMetrics | None = None
+    http: HealthServer | None = None  # /healthz, /readyz and /metrics, when running(health_port=...) asked for it
+
+    @property
+    def http_url(self) -> str:
+        assert self.http is not None, "start the daemon with running(health_port=0) to serve its endpoints"
+        return f"http://127.0.0.1:{self.http.port}"
 
     def pod(self, name: str, *, containers: list[dict] | None = None, init: list[dict] | None = None,
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -81,7 +90,7 @@ class Running:
         assert self.nd is not None
         self.nd.stop()
         cfg = self.daemon_config
-        self.nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), self.nd.link)
+        self.nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), self.nd.link, self.metrics)
         self.daemon, self.health = self.nd.daemon, self.nd.health
         self.nd.start()
 
@@ -146,7 +155,9 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
             node_name: str = "gpu-node", kubelet_pod_resources: Path | None = None,
             **overrides: object) -> Iterator[Running]:
     """The daemon on a fake node with a kubelet emulator; `kubelet_pod_resources` serves the kubelet's PodResources
-    somewhere else than where the daemon looks (a kubelet without it)."""
+    somewhere else than where the daemon looks (a kubelet without it). `health_port=` (0: a free one) serves
+    /healthz, /readyz and /metrics as `devplugin serve` does (Running.http_url)."""
+    serve_http = "health_port" in overrides
     root = short_dir()
     load_in_process()
     driver = FakeDriver.create(root / "drv", gpus or seed_node(4, 15360))
@@ -161,14 +172,21 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
     kubelet = KubeletEmulator(Path(cfg.plugin_dir), kubelet_pod_resources or Path(cfg.pod_resources_socket), seed=seed)
     kubelet.start()
     link = link_to(apiserver, node_name, cfg.resource_domain) if apiserver is not None else KubeLink()
-    nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link)
+    metrics = NodeMetrics(lambda: link, cfg.node_name)
+    nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link, metrics)
     nd.start()
     r = None
+    http = None
     try:
+        if serve_http:
+            http = HealthServer(cfg.health_port, lambda: (link.current or nd).ready(), host="127.0.0.1",
+                                registry=metrics.registry).start()
         r = Running(root, driver, kubelet, nd.daemon, nd.health, Path(cfg.plugin_dir),
-                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name)
+                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name, metrics, http)
         yield r
     finally:
+        if http is not None:
+            http.stop()
         (r.nd if r is not None and r.nd is not None else nd).stop()
         close_link(link)
         kubelet.stop()

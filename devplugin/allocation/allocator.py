@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 PARTNER_MINIMUM = {Kind.MEM: 1, Kind.CORE: CORE_STEP}
 REFUSED_TTL_S = 300.0  # a refused container is not matched again while its pod still looks pending
+# How a pod lookup ends: the cached pods named the container, a direct LIST did, the apiserver answered but no
+# pending container matches, or it did not answer within the budget (the last two place by node-local pairing).
+LOOKUP_OUTCOMES = ("cache", "direct", "not_found", "no_answer")
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class Allocator:
     # of room, since only a call of the same resource shows its devices free again (a gpu-count pod that ended
     # frees its GPU for gpu-mem too, but no gpu-count call may come to say so).
     resync: Callable[[], object] | None = None
+    # Told how each pod lookup ended (LOOKUP_OUTCOMES), for metrics; called under the lock, must not block.
+    on_lookup: Callable[[str], object] = field(default=lambda outcome: None)
 
     def __post_init__(self) -> None:
         self.recent = RecentShares(PARTNER_MINIMUM)
@@ -329,9 +334,12 @@ class Allocator:
         assert self.lookup is not None
         pods = self.lookup.pods()
         match = find_container(pods, kind.value, amount, taken) if pods is not None else None
-        if match is None:
+        if match is not None:
+            self.on_lookup("cache")
+        else:
             fresh = self.lookup.fetch_now(self.lookup_budget_s)
             match = find_container(fresh, kind.value, amount, taken) if fresh is not None else None
+            self.on_lookup("direct" if match is not None else "no_answer" if fresh is None else "not_found")
             if match is None:
                 why = ("the apiserver did not answer within the lookup budget" if fresh is None and pods is None
                        else f"no pending container on this node asks for {amount} {self.node.resource_name(kind)}")
@@ -366,16 +374,16 @@ class Allocator:
         if container.count and (container.mem or container.core):
             raise RequestError(f"{what} asks for gpu-count together with gpu-mem / gpu-core.percentage: ask for "
                                "whole GPUs (gpu-count) alone, or share N GPUs with the pod label "
-                               "aliyun.com/gpu-count: \"N\" and gpu-mem only")
+                               "aliyun.com/gpu-count: \"N\" and gpu-mem only", reason="count_with_share")
         gpus = container.count or (pod.gpus_per_container if (container.mem or container.core) else 1)
         try:
             mem, core = per_gpu_share(container, gpus) if not container.count else (0, 0)
         except PodRequestError as exc:
-            raise RequestError(f"pod {pod.key}: {exc}") from None
+            raise RequestError(f"pod {pod.key}: {exc}", reason="pod_request") from None
         if container.core and Kind.CORE in self.node.kinds:
             problem = check_core(container.core, gpus)
             if problem:
-                raise RequestError(f"{what}: {problem}")
+                raise RequestError(f"{what}: {problem}", reason="core_share")
         request = {k: n for k, n in ((Kind.MEM, container.mem), (Kind.CORE, container.core),
                                      (Kind.COUNT, container.count)) if n and k in self.node.kinds}
         per_gpu = {Kind.MEM: mem, Kind.CORE: core if Kind.CORE in self.node.kinds else 0}
@@ -448,7 +456,7 @@ class Allocator:
             raise PairingConflict(
                 f"{res}: container {dec.label()} is placed as {want} ({dec.source}) but the kubelet allocates {got}; "
                 "all of a container's resources must be on the same GPU(s) (the kubelet chose without this "
-                "plugin's preference; retry the pod)")
+                "plugin's preference; retry the pod)", reason="kubelet_choice")
         self._recheck(dec, kind, groups, ids)
         envs = decision_envs(self.node, dec)
         mounts = self._mounts(dec, kind, ids)
@@ -471,7 +479,8 @@ class Allocator:
             other = self.holdings.get(sorted(others)[0])
             raise PairingConflict(f"{res}: device(s) of this request are already held by "
                                   f"{other.key if other and other.key else 'another container'}; refusing to give "
-                                  "a device twice (restart the daemon if the kubelet and the daemon disagree)")
+                                  "a device twice (restart the daemon if the kubelet and the daemon disagree)",
+                                  reason="device_held")
         for uuid in groups:
             if kind is Kind.COUNT and self.holdings.shared(uuid):
                 raise PairingConflict(f"{res}: {gpu_label(self.node, uuid)} holds shared containers; a whole GPU "
@@ -491,7 +500,8 @@ class Allocator:
         except (OSError, ValueError) as exc:
             raise RequestError(
                 f"{self.node.resource_name(kind)}: could not write the isolation files of container "
-                f"{dec.label()}: {exc}; check the daemon's --shim-state-dir (free space, permissions)") from None
+                f"{dec.label()}: {exc}; check the daemon's --shim-state-dir (free space, permissions)",
+                reason="shim_files") from None
 
     def _refuse(self, dec: Decision | None, exc: RequestError) -> None:
         """A refused call makes the kubelet reject the pod: its decision must not catch the next container."""
@@ -631,7 +641,7 @@ def _check_size(node: Node, kind: Kind, size: int, per_gpu: bool = True) -> None
     if kind is Kind.CORE and (size % CORE_STEP or (per_gpu and size > CORE_UNITS_PER_GPU)):
         raise RequestError(
             f"{res}: {size} is not a valid compute share; ask for a multiple of {CORE_STEP} from {CORE_STEP} "
-            f"to {CORE_UNITS_PER_GPU} (percent of one GPU)"
+            f"to {CORE_UNITS_PER_GPU} (percent of one GPU)", reason="core_share"
         )
     if kind is Kind.COUNT and size > len(node.gpus):
         raise NoRoom(f"{res}: {size} GPUs requested but this node has {len(node.gpus)}")

@@ -59,8 +59,8 @@ class Config:
         0.3, "seconds an admission may wait for the apiserver to name the pod (when the pod cache has not seen it "
         "yet); past that the container is placed by node-local pairing and named later", maximum=5.0)
     health_port: int = _opt(
-        8089, "port of the /healthz and /readyz endpoints (0: none); ready once the node's held devices are known "
-        "and every resource is registered")
+        8089, "port of the /healthz, /readyz and /metrics (Prometheus) endpoints (0: none); ready once the node's "
+        "held devices are known and every resource is registered")
     shim: str = _opt("auto", "mount the isolation shim into shared containers: auto (when --shim-lib exists), "
                      "on, off", choices=("auto", "on", "off"))
     shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")

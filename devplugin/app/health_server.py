@@ -1,6 +1,7 @@
-"""`/healthz` (the process answers) and `/readyz` (the node daemon serves), for the DaemonSet's probes.
+"""`/healthz` (the process answers) and `/readyz` (the node daemon serves), for the DaemonSet's probes, and
+`/metrics` (Prometheus's text format) when given a registry.
 
-A plain threaded HTTP server from the standard library: two fixed GET paths need no framework.
+A plain threaded HTTP server from the standard library: three fixed GET paths need no framework.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
 log = logging.getLogger(__name__)
 
 Ready = Callable[[], tuple[bool, str]]
@@ -18,12 +21,25 @@ Ready = Callable[[], tuple[bool, str]]
 class HealthServer:
     """Serves on `port` (0 picks a free one: see .port) until stop()."""
 
-    def __init__(self, port: int, ready: Ready, host: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, ready: Ready, host: str = "0.0.0.0",
+                 registry: CollectorRegistry | None = None) -> None:
         self.ready = ready
+        self.registry = registry
         outer = self
+        paths = "/healthz, /readyz" + (", /metrics" if registry is not None else "")
+        self.paths = paths
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                content_type = "text/plain; charset=utf-8"
+                if self.path == "/metrics" and outer.registry is not None:
+                    try:
+                        code, body, content_type = 200, generate_latest(outer.registry), CONTENT_TYPE_LATEST
+                    except Exception as exc:  # a scrape must answer; the daemon goes on
+                        log.exception("collecting metrics failed")
+                        code, body = 500, f"collecting metrics failed: {exc}\n".encode()
+                    self._answer(code, body, content_type)
+                    return
                 if self.path == "/healthz":
                     code, text = 200, "ok"
                 elif self.path == "/readyz":
@@ -33,10 +49,12 @@ class HealthServer:
                         ok, text = False, f"readiness check failed: {exc}"
                     code = 200 if ok else 503
                 else:
-                    code, text = 404, "not found: use /healthz or /readyz"
-                body = (text + "\n").encode()
+                    code, text = 404, f"not found: use {paths}"
+                self._answer(code, (text + "\n").encode(), content_type)
+
+            def _answer(self, code: int, body: bytes, content_type: str) -> None:
                 self.send_response(code)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -51,7 +69,7 @@ class HealthServer:
 
     def start(self) -> HealthServer:
         self._thread.start()
-        log.info("health endpoints on port %d (/healthz, /readyz)", self.port, extra={"fields": {"port": self.port}})
+        log.info("health endpoints on port %d (%s)", self.port, self.paths, extra={"fields": {"port": self.port}})
         return self
 
     def stop(self) -> None:

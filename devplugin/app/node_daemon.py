@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from devplugin.allocation.allocator import Allocator, MountProvider, Reporter
 from devplugin.allocation.holdings import Holdings
@@ -23,6 +24,9 @@ from devplugin.gpu.health_state import HealthStore
 from devplugin.gpu.inventory import GPU
 from devplugin.kube.node_sync import SYNC_INTERVAL_ALONE_S, SYNC_INTERVAL_S, NodeSync
 from devplugin.kube.reporting import ClusterReporter, occupancy
+
+if TYPE_CHECKING:
+    from devplugin.app.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +117,9 @@ class NodeDaemon:
 
 
 def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: MountProvider | None = None,
-          link: KubeLink | None = None) -> NodeDaemon:
-    """All parts for this node; ValueError / UnitTooFine on settings that cannot be served."""
+          link: KubeLink | None = None, metrics: NodeMetrics | None = None) -> NodeDaemon:
+    """All parts for this node; ValueError / UnitTooFine on settings that cannot be served. `metrics` hears
+    every admission call and pod lookup."""
     unit = cfg.unit()
     check_message_size(gpus, unit)
     node = Node(gpus=tuple(gpus), mode=mode, placement=placement, unit=unit, domain=cfg.resource_domain)
@@ -135,7 +140,10 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     sync = NodeSync(allocator, cfg.pod_resources_socket, link.pod_list,
                     interval_s=SYNC_INTERVAL_S if link.pods is not None else SYNC_INTERVAL_ALONE_S)
     allocator.resync = sync.sync
-    daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync)
+    if metrics is not None:
+        allocator.on_lookup = metrics.lookup
+        metrics.prepare([node.resource_name(k) for k in node.kinds])
+    daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync, observer=metrics)
 
     def health_changed(uuid: str, healthy: bool, reason: str) -> bool:
         changed = board.set_health(uuid, healthy, reason)

@@ -16,7 +16,7 @@ from devplugin.allocation.units import Kind
 from devplugin.deviceplugin.devices import DeviceBoard
 from devplugin.deviceplugin.registration import RegistrationError, register
 from devplugin.deviceplugin.server import PluginServer
-from devplugin.deviceplugin.servicer import DevicePluginServicer
+from devplugin.deviceplugin.servicer import AdmissionObserver, DevicePluginServicer
 from devplugin.deviceplugin.watcher import watch_socket_dir
 
 log = logging.getLogger(__name__)
@@ -35,9 +35,9 @@ class Daemon:
     """Serves every resource of the node's mode and re-registers when the kubelet restarts."""
 
     def __init__(self, node: Node, plugin_dir: Path, allocator: Allocator, board: DeviceBoard,
-                 sync: Callable[[], bool] | None = None) -> None:
+                 sync: Callable[[], bool] | None = None, observer: AdmissionObserver | None = None) -> None:
         """`sync` learns which devices containers already hold (PodResources); the daemon registers with the kubelet
-        only once it succeeded, retrying with backoff until then."""
+        only once it succeeded, retrying with backoff until then. `observer` hears every admission call."""
         self.node = node
         self.plugin_dir = plugin_dir
         self.allocator = allocator
@@ -48,7 +48,7 @@ class Daemon:
             self.state_known.set()
         self.servers = {
             kind: PluginServer(plugin_dir, socket_name(node.domain, kind),
-                               DevicePluginServicer(kind, allocator, board))
+                               DevicePluginServicer(kind, allocator, board, observer))
             for kind in node.kinds
         }
         self._registered_with: dict[Kind, int] = {}  # kind -> inode of the kubelet.sock we registered with

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 
@@ -19,14 +21,24 @@ log = logging.getLogger(__name__)
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
+class AdmissionObserver(Protocol):
+    """Told of every admission call (metrics); must be cheap and never raise."""
+
+    def answered(self, call: str, resource: str, seconds: float) -> None: ...
+
+    def refused(self, call: str, resource: str, exc: RequestError) -> None: ...
+
+
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one resource (gpu-mem, gpu-core.percentage or gpu-count)."""
 
-    def __init__(self, kind: Kind, allocator: Allocator, board: DeviceBoard) -> None:
+    def __init__(self, kind: Kind, allocator: Allocator, board: DeviceBoard,
+                 observer: AdmissionObserver | None = None) -> None:
         self.kind = kind
         self.resource = allocator.node.resource_name(kind)
         self.allocator = allocator
         self.board = board
+        self.observer = observer
 
     def GetDevicePluginOptions(  # noqa: N802 - gRPC method name
         self, request: api_pb2.Empty, context: grpc.ServicerContext
@@ -62,41 +74,53 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def GetPreferredAllocation(  # noqa: N802
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> api_pb2.PreferredAllocationResponse:
+        start = time.perf_counter()
         response = api_pb2.PreferredAllocationResponse()
-        for req in request.container_requests:
-            try:
-                ids = self.allocator.preferred(
-                    self.kind, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size
-                )
-            except RequestError as exc:
-                _refuse(context, self.resource, "GetPreferredAllocation", exc)
-            response.container_responses.add(deviceIDs=ids)
-        return response
+        try:
+            for req in request.container_requests:
+                try:
+                    ids = self.allocator.preferred(
+                        self.kind, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size
+                    )
+                except RequestError as exc:
+                    self._refuse(context, "GetPreferredAllocation", exc)
+                response.container_responses.add(deviceIDs=ids)
+            return response
+        finally:
+            if self.observer is not None:
+                self.observer.answered("GetPreferredAllocation", self.resource, time.perf_counter() - start)
 
     def Allocate(  # noqa: N802
         self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocateResponse:
+        start = time.perf_counter()
         response = api_pb2.AllocateResponse()
-        for req in request.container_requests:
-            try:
-                grant = self.allocator.allocate(self.kind, req.devices_ids)
-            except RequestError as exc:
-                _refuse(context, self.resource, "Allocate", exc)
-            response.container_responses.add(
-                envs=grant.envs,
-                mounts=[
-                    api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                    for m in grant.mounts
-                ],
-            )
-        return response
+        try:
+            for req in request.container_requests:
+                try:
+                    grant = self.allocator.allocate(self.kind, req.devices_ids)
+                except RequestError as exc:
+                    self._refuse(context, "Allocate", exc)
+                response.container_responses.add(
+                    envs=grant.envs,
+                    mounts=[
+                        api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                        for m in grant.mounts
+                    ],
+                )
+            return response
+        finally:
+            if self.observer is not None:
+                self.observer.answered("Allocate", self.resource, time.perf_counter() - start)
 
     def PreStartContainer(  # noqa: N802
         self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
-
-def _refuse(context: grpc.ServicerContext, resource: str, call: str, exc: RequestError) -> None:
-    log.error("%s refused: %s", call, exc, extra={"fields": {"resource": resource, "call": call}})
-    context.abort(exc.code, str(exc))
+    def _refuse(self, context: grpc.ServicerContext, call: str, exc: RequestError) -> None:
+        log.error("%s refused: %s", call, exc, extra={"fields": {"resource": self.resource, "call": call,
+                                                                 "reason": exc.reason}})
+        if self.observer is not None:
+            self.observer.refused(call, self.resource, exc)
+        context.abort(exc.code, str(exc))

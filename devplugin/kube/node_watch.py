@@ -53,6 +53,10 @@ class NodeWatch:
         with self._lock:
             return self._node
 
+    def apiserver_errors(self) -> dict[str, int]:
+        """Failed LISTs and watches since start, for metrics."""
+        return {"node_watch": self._loop.errors}
+
     def healthy(self) -> bool:
         return self.synced.is_set() and self._loop.healthy(self._healthy_silence)
 

@@ -75,6 +75,7 @@ class PodCache:
         self._list_fn = functools.partial(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_name}")
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="pod-fetch")
         self._next: _Fetch | None = None  # the direct LIST submitted last
+        self.fetch_failures = 0  # direct LISTs that failed or did not answer within their budget (a metric)
         self._notes: list[tuple[str, PodRequest]] = []  # changes applied, not yet told to listeners
         self._loop = WatchLoop("pod-cache", self._list_fn, self._on_list, self._on_event,
                                fields={"node": node_name}, backoff_start_s=backoff_start_s,
@@ -107,6 +108,10 @@ class PodCache:
         """Synced, and the watch is open or the apiserver answered recently."""
         return self.synced.is_set() and self._loop.healthy(self._healthy_silence)
 
+    def apiserver_errors(self) -> dict[str, int]:
+        """Failed LISTs and watches, and failed or late direct LISTs, since start, for metrics."""
+        return {"pod_watch": self._loop.errors, "pod_fetch": self.fetch_failures}
+
     def add_listener(self, fn: Listener) -> None:
         """fn(event_type, pod) on every change, off the watch thread (or fetch_now's); keep it quick."""
         with self._lock:
@@ -129,10 +134,12 @@ class PodCache:
                 except RuntimeError:  # stopped
                     return None
         if not fetch.done.wait(budget_s):
+            self.fetch_failures += 1
             log.warning("direct pod LIST did not answer within %.0f ms", budget_s * 1000,
                         extra={"fields": {"node": self.node_name, "budget_ms": round(budget_s * 1000)}})
             return None
         if fetch.error is not None:
+            self.fetch_failures += 1
             log.warning("direct pod LIST failed after %.0f ms: %s", (time.monotonic() - t0) * 1000,
                         short_error(fetch.error), extra={"fields": {"node": self.node_name}})
             return None

@@ -51,6 +51,7 @@ class WatchLoop:
         self.connected = False  # a watch stream is open now
         self.last_contact = 0.0  # time.monotonic() of the last answer from the apiserver
         self.lists = 0  # LISTs done (the first, and every relist)
+        self.errors = 0  # failed LISTs and watches since start (a metric: never reset)
         self._failures = 0  # failed tries since the apiserver last answered
         self._down_since = 0.0
 
@@ -95,6 +96,7 @@ class WatchLoop:
                 self.connected = False
                 if self._stop.is_set():
                     break
+                self.errors += 1
                 if self._failures == 0:
                     self._down_since = time.monotonic()
                     backoff = self._backoff_start

@@ -78,6 +78,7 @@ class KubeWriter:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failures = 0  # consecutive failed sends (the apiserver is down while this grows)
+        self.errors = 0  # failed sends since start, retried or dropped (a metric: never reset)
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> KubeWriter:
@@ -105,6 +106,10 @@ class KubeWriter:
                     return False
                 self._cond.wait(left)
         return True
+
+    def apiserver_errors(self) -> dict[str, int]:
+        """Failed sends since start, for metrics."""
+        return {"write": self.errors}
 
     def pending(self) -> int:
         """Items queued or being sent."""
@@ -205,6 +210,7 @@ class KubeWriter:
 
     def _failed(self, item: _Patch | _Event, exc: Exception) -> bool:
         """Log a failed send; True when it is worth retrying."""
+        self.errors += 1
         fields = _fields(item, self.node_name)
         status = exc.status if isinstance(exc, ApiException) else None
         if status is not None and status not in TRANSIENT:
