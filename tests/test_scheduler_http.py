@@ -186,3 +186,63 @@ def test_health_readiness_and_openapi(state: ClusterState) -> None:
     assert schema["$ref"].endswith("/ExtenderArgs") and "ExtenderArgs" in doc["components"]["schemas"]
     no_api = c.post("/scheduler/bind", json={"PodName": "x", "PodNamespace": "d", "Node": "n"}).json()
     assert "without an apiserver" in no_api["Error"]
+
+
+# --- bodies of the documented shape (the OpenAPI schemas), with arbitrary values: always 200, and sound ------
+_names = st.text(alphabet="abcdefgh-", min_size=1, max_size=6)
+_quantity = st.integers(0, 120).map(str) | st.sampled_from(["1.5", "-1", "abc", "1k", "100m", "0"])
+_resources = st.dictionaries(st.sampled_from(["aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage",
+                                              "aliyun.com/gpu-count", "cpu", "nvidia.com/gpu"]), _quantity, max_size=4)
+_env = st.lists(st.fixed_dictionaries({"name": st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD", "A",
+                                                                "CUDA_DEVICE_SM_LIMIT", "GPUSHARE_X"])},
+                                      optional={"value": st.text(max_size=3)}), max_size=3)
+_container = st.fixed_dictionaries(
+    {"name": _names}, optional={"resources": st.fixed_dictionaries({}, optional={"limits": _resources,
+                                                                                 "requests": _resources}),
+                                "env": _env})
+_label_values = st.sampled_from(["0", "1", "2", "3", "-1", "x", "keep", ""])
+_pods = st.fixed_dictionaries({
+    "metadata": st.fixed_dictionaries({"name": _names, "namespace": _names, "uid": _names}, optional={
+        "labels": st.dictionaries(st.sampled_from(["aliyun.com/gpu-count", "gpushare.io/visible-devices", "app"]),
+                                  _label_values, max_size=2),
+        "annotations": st.dictionaries(st.sampled_from(["gpushare.io/gpu-count", "gpushare.io/scheduled", "x"]),
+                                       _label_values, max_size=2)}),
+    "spec": st.fixed_dictionaries({"containers": st.lists(_container, min_size=1, max_size=3)},
+                                  optional={"initContainers": st.lists(_container, max_size=2)}),
+})
+_node_names = st.lists(st.sampled_from(["n1", "n2", "ghost"]), unique=True, max_size=3)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(p=_pods, names=_node_names, full=st.booleans())
+def test_well_shaped_extender_calls_always_get_a_sound_answer(http: TestClient, p: dict, names: list[str],
+                                                               full: bool) -> None:
+    args = {"Pod": p, "Nodes": {"items": [node(n) for n in names]}} if full else {"Pod": p, "NodeNames": names}
+    r = http.post("/scheduler/filter", json=args)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    passed = [n["metadata"]["name"] for n in body["Nodes"]["items"]] if full else body["NodeNames"]
+    verdicts = [passed, list(body["FailedNodes"]), list(body["FailedAndUnresolvableNodes"])]
+    assert sorted(sum(verdicts, [])) == sorted(names)  # every node answered exactly once
+    assert all(body["FailedNodes"].values()) and all(body["FailedAndUnresolvableNodes"].values())  # with a reason
+    r = http.post("/scheduler/prioritize", json=args)
+    assert r.status_code == 200 and [h["Host"] for h in r.json()] == names
+    assert all(0 <= h["Score"] <= 10 for h in r.json())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(p=_pods)
+def test_well_shaped_reviews_always_get_a_sound_answer(http: TestClient, p: dict) -> None:
+    v = http.post("/admission/validate", json=review(p))
+    assert v.status_code == 200, v.text
+    resp = v.json()["response"]
+    assert resp["uid"] == "req-1"
+    assert resp["allowed"] or resp["status"]["message"]  # a denial always says why
+    m = http.post("/admission/mutate", json=review(p))
+    assert m.status_code == 200, m.text
+    resp = m.json()["response"]
+    assert resp["allowed"] is True
+    if "patch" in resp:
+        patched = jsonpatch.JsonPatch(json.loads(base64.b64decode(resp["patch"]))).apply(p)
+        again = http.post("/admission/mutate", json=review(patched)).json()["response"]
+        assert "patch" not in again  # idempotent
