@@ -30,6 +30,7 @@ class Verdict:
     message: str = ""
     warnings: tuple[str, ...] = ()
     patch: list[dict] = field(default_factory=list)
+    rules: tuple[str, ...] = ()  # a short code for each rule a denied pod breaks (metrics: denials by rule)
 
 
 def _containers(pod: Mapping) -> list[tuple[str, int, Mapping]]:
@@ -44,8 +45,14 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
     try:
         req = pod_request(pod)
     except PodRequestError as exc:
-        return Verdict(False, str(exc))
+        return Verdict(False, str(exc), rules=("pod_request",))
     problems: list[str] = []
+    rules: list[str] = []
+
+    def deny(rule: str, problem: str) -> None:
+        problems.append(problem)
+        rules.append(rule)
+
     names = resource_names()
     n = req.gpus_per_container
     for _, _, spec in _containers(pod):
@@ -54,44 +61,44 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         for full in names:
             if full in requests and full not in limits:
-                problems.append(f"container {cname!r}: {full} is set in requests only; set it in limits "
-                                "(extended resources need requests equal to limits)")
+                deny("requests_only", f"container {cname!r}: {full} is set in requests only; set it in limits "
+                     "(extended resources need requests equal to limits)")
             elif full in requests and str(requests[full]) != str(limits[full]):
-                problems.append(f"container {cname!r}: {full} request {requests[full]} differs from its limit "
-                                f"{limits[full]}; set them equal")
+                deny("request_not_limit", f"container {cname!r}: {full} request {requests[full]} differs from its "
+                     f"limit {limits[full]}; set them equal")
     warnings: list[str] = []
     for c in req.gpu_containers:
         where = f"container {c.name!r}"
         if c.count and (c.mem or c.core):
-            problems.append(f"{where}: gpu-count (whole GPUs) cannot be combined with gpu-mem or "
-                            f"gpu-core.percentage; to split a share over N GPUs, label the pod "
-                            f"{LABEL_ACK_MULTI_GPU}=N and ask for gpu-mem only")
+            deny("count_with_share", f"{where}: gpu-count (whole GPUs) cannot be combined with gpu-mem or "
+                 f"gpu-core.percentage; to split a share over N GPUs, label the pod "
+                 f"{LABEL_ACK_MULTI_GPU}=N and ask for gpu-mem only")
             continue
         if c.core and not c.mem:
-            problems.append(f"{where}: gpu-core.percentage needs gpu-mem; add a gpu-mem limit")
+            deny("core_without_mem", f"{where}: gpu-core.percentage needs gpu-mem; add a gpu-mem limit")
         if c.core:
             why = check_core(c.core, n)
             if why:
-                problems.append(f"{where}: {why}" + (f" (over {n} GPUs)" if n > 1 else ""))
+                deny("core_share", f"{where}: {why}" + (f" (over {n} GPUs)" if n > 1 else ""))
         if c.mem:
             try:
                 mem, _ = per_gpu_share(c, n)
             except PodRequestError as exc:
-                problems.append(str(exc))
+                deny("mem_share", str(exc))
                 mem = 0
             if largest_gpu_units and mem > largest_gpu_units:
                 per = f" per GPU ({c.mem} over {n} GPUs)" if n > 1 else ""
-                problems.append(f"{where}: asks for {mem} gpu-mem units{per} but the largest GPU in the cluster "
-                                f"has {largest_gpu_units}; ask for at most {largest_gpu_units}"
-                                + ("" if n > 1 else f" or label the pod {LABEL_ACK_MULTI_GPU}=N to split it"))
+                deny("larger_than_gpu", f"{where}: asks for {mem} gpu-mem units{per} but the largest GPU in the "
+                     f"cluster has {largest_gpu_units}; ask for at most {largest_gpu_units}"
+                     + ("" if n > 1 else f" or label the pod {LABEL_ACK_MULTI_GPU}=N to split it"))
             if not largest_gpu_units:
                 warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
             for env in _env_names(c.name, pod):
                 if env in RESERVED_ENV_EXACT or env.startswith(RESERVED_ENV_PREFIXES):
-                    problems.append(f"{where}: sets env {env}, which the node daemon sets for GPU shares; "
-                                    "remove it from the pod spec")
+                    deny("reserved_env", f"{where}: sets env {env}, which the node daemon sets for GPU shares; "
+                         "remove it from the pod spec")
     if problems:
-        return Verdict(False, "; ".join(problems))
+        return Verdict(False, "; ".join(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
 
 
