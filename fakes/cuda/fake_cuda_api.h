@@ -80,6 +80,7 @@ CUresult impl_cuModuleLoad(CUmodule *mod, const char *path);
 CUresult impl_cuModuleLoadData(CUmodule *mod, const void *image);
 CUresult impl_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, int *options, void **values);
 CUresult impl_cuModuleUnload(CUmodule mod);
+CUresult impl_cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name);
 CUresult impl_cuGraphCreate(CUgraph *graph, unsigned int flags);
 CUresult impl_cuGraphDestroy(CUgraph graph);
 CUresult impl_cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,

@@ -40,6 +40,7 @@ static const struct proc procs[] = {
     P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuModuleGetFunction", 2000, cuModuleGetFunction),
     P("cuGetExportTable", 3000, cuGetExportTable),
     P("cuMemAlloc", 3020, cuMemAlloc_v2),
     P("cuMemAlloc", 2000, cuMemAlloc),
