@@ -317,3 +317,34 @@ def test_a_pod_already_bound_keeps_what_it_holds() -> None:
     with pytest.raises(BindError, match="already bound to node n1"):
         bind(st, FakeCluster(st), "default", "done-before", bound["metadata"]["uid"], "n1")
     assert st.view("n1").gpus[0].mem_used == 10
+
+
+def test_preemption_plans_are_kept_only_where_evicting_frees_a_gpu() -> None:
+    from devplugin.scheduler.extender import preempt
+
+    # n1: GPU 0 holds a (8) and d (4), GPU 1 holds b (8); n2: GPU 0 holds c (16), GPU 1 holds e (4).
+    a, d, b = held(0, 8, name="a"), held(0, 4, name="d"), held(1, 8, name="b")
+    c_, e = held(0, 16, node_name="n2", name="c"), held(1, 4, node_name="n2", name="e")
+    st = state_with(node("n1", gpus=2, units=16), node("n2", gpus=2, units=16), pods=(a, d, b, c_, e))
+    uid = lambda p: p["metadata"]["uid"]  # noqa: E731
+    big = pod("big", mem=12)
+    plans = {"n1": [uid(a)], "n2": [uid(c_)]}  # either eviction leaves 12 free on one GPU
+    assert preempt(st, big, plans) == plans
+    huge = pod("huge", mem=16)
+    # Evicting a frees 8 of n1's GPU 0 (d stays): 12 free there, 8 on GPU 1; the node's total (20) is no help.
+    assert preempt(st, huge, {"n1": [uid(a)], "n2": [uid(c_)]}) == {"n2": [uid(c_)]}
+    assert preempt(st, huge, {"n1": [uid(a), uid(d)]}) == {"n1": [uid(a), uid(d)]}
+    assert preempt(st, huge, {"n2": []}) == {}  # nothing evicted: GPU 1 has 12 free
+    assert preempt(st, huge, {"n2": [uid(e)]}) == {"n2": [uid(e)]}
+    assert preempt(st, pod("cpu"), {"n1": []}) == {"n1": []}  # not ours to judge
+
+
+def test_preemption_counts_the_daemons_usage_less_the_victims() -> None:
+    from devplugin.scheduler.extender import preempt
+
+    v = held(0, 12, name="v")
+    st = state_with(node("n1", gpus=1, units=16, usage={0: GpuUsage(mem=12, containers=1)}), pods=(v,))
+    assert preempt(st, pod(mem=10), {"n1": [v["metadata"]["uid"]]}) == {"n1": [v["metadata"]["uid"]]}
+    # A pod the daemon counts but no annotation names (4 GiB) stays: evicting v leaves 12 free, not 16.
+    st.upsert_node(node("n1", gpus=1, units=16, usage={0: GpuUsage(mem=16, containers=2)}))
+    assert preempt(st, pod(mem=14), {"n1": [v["metadata"]["uid"]]}) == {}

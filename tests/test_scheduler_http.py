@@ -21,7 +21,7 @@ from devplugin.scheduler.state import ClusterState
 from tests.scheduler_objects import node, pod
 from tests.test_scheduler_extender import FakeCluster, held
 
-PATHS = ("/scheduler/filter", "/scheduler/prioritize", "/scheduler/bind", "/admission/validate",
+PATHS = ("/scheduler/filter", "/scheduler/prioritize", "/scheduler/preempt", "/scheduler/bind", "/admission/validate",
          "/admission/mutate")
 
 
@@ -246,3 +246,15 @@ def test_well_shaped_reviews_always_get_a_sound_answer(http: TestClient, p: dict
         patched = jsonpatch.JsonPatch(json.loads(base64.b64decode(resp["patch"]))).apply(p)
         again = http.post("/admission/mutate", json=review(patched)).json()["response"]
         assert "patch" not in again  # idempotent
+
+
+def test_preempt_answers_meta_victims(http: TestClient, state: ClusterState) -> None:
+    victim = state.pods_on("n2")[0]
+    args = {"Pod": pod(mem=20), "NodeNameToMetaVictims": {
+        "n2": {"Pods": [{"UID": victim.uid}], "NumPDBViolations": 1},
+        "n1": {"Pods": [], "NumPDBViolations": 0}}}
+    r = http.post("/scheduler/preempt", json=args)
+    assert r.status_code == 200
+    assert r.json() == {"NodeNameToMetaVictims": {"n2": {"Pods": [{"UID": victim.uid}], "NumPDBViolations": 1}}}
+    bad = http.post("/scheduler/preempt", json={"Pod": pod(), "NodeNameToMetaVictims": {"n1": {"Pods": [{}]}}})
+    assert bad.status_code == 400 and "UID" in bad.json()["error"]

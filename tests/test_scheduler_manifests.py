@@ -33,7 +33,7 @@ def test_extender_config_matches_the_service_and_kube_schedulers_rules() -> None
     for config in extender_configs():
         (ext,) = config["extenders"]
         assert ext["urlPrefix"].rstrip("/").endswith(EXTENDER_PREFIX)
-        for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
             assert f"{EXTENDER_PREFIX}/{ext[verb]}" in routes()
         assert ext["weight"] > 0  # kube-scheduler refuses a prioritizeVerb without a positive weight
         assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["enableHTTPS"] is True

@@ -1,6 +1,7 @@
 """The scheduler extender's three verbs as plain functions over ClusterState (and, for bind, the apiserver).
 
 filter: which nodes can take the pod, and why the others cannot; prioritize: 0..10 per node by its placement;
+preempt: which of kube-scheduler's eviction plans would free room on a GPU;
 bind: choose the GPUs under the node's lock, assume them, create the Binding carrying the choice as annotations
 (the apiserver writes them on the pod with spec.nodeName, in one update), and undo the assumption if it fails.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,6 +110,25 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
         return [(name, MIN_SCORE) for name, _ in views]
     ask = ask_of(pod)
     return [(name, score(view, fit(ask, view)) if view is not None else MIN_SCORE) for name, view in views]
+
+
+def preempt(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+    """kube-scheduler's preemption candidates (node -> UIDs of the pods it would evict), kept only where evicting
+    them leaves room for the pod on the node's GPUs: evictions that free the node's total but no GPU the pod
+    fits on are dropped."""
+    try:
+        pod = pod_request(pod_obj)
+    except PodRequestError:
+        return {}
+    if not pod.gpu_containers:
+        return {node: list(uids) for node, uids in victims.items()}
+    ask = ask_of(pod)
+    kept = {}
+    for node, uids in victims.items():
+        view = state.view(node, {pod.uid, *uids})
+        if view is not None and fit(ask, view).ok:
+            kept[node] = list(uids)
+    return kept
 
 
 def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: str, node: str) -> PodAssignment:

@@ -10,9 +10,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -22,6 +23,7 @@ from starlette.routing import Route
 
 from devplugin.scheduler import admission, extender
 from devplugin.scheduler.extender import BindError, Cluster
+from devplugin.scheduler.metrics import SchedulerMetrics
 from devplugin.scheduler.models import (
     AdmissionResponse,
     AdmissionReview,
@@ -30,6 +32,10 @@ from devplugin.scheduler.models import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
     NodeListObject,
     PodObject,
     Problem,
@@ -56,6 +62,10 @@ class Service:
     state: ClusterState
     cluster: Cluster | None
     max_body: int = DEFAULT_MAX_BODY
+    metrics: SchedulerMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = SchedulerMetrics(self.state)
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -100,8 +110,12 @@ def _handler(svc: Service, fn: Callable[[Service, bytes], Awaitable[Response]]) 
         except Exception as exc:  # a bug must not take the service down; kube-scheduler sees an error
             log.exception("handler failed", extra={"fields": {"path": request.url.path}})
             response = JSONResponse(Problem(error=f"internal error: {exc}").model_dump(), status_code=500)
+        seconds = time.perf_counter() - start
+        svc.metrics.answered(request.url.path, seconds)
+        if response.status_code == 500 and request.url.path.endswith("/bind"):
+            svc.metrics.bind("error")
         log.debug("request", extra={"fields": {"path": request.url.path, "status": response.status_code,
-                                               "ms": round((time.perf_counter() - start) * 1000, 3)}})
+                                               "ms": round(seconds * 1000, 3)}})
         return response
 
     return endpoint
@@ -121,6 +135,7 @@ async def filter_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderArgs, body)
     nodes = _nodes(args)
     out = extender.filter_nodes(svc.state, _pod_dict(args.Pod), args.NodeNames, nodes)
+    svc.metrics.filter(len(out.passed), len(out.failed), len(out.unresolvable))
     result = ExtenderFilterResult(NodeNames=out.passed, FailedNodes=out.failed,
                                   FailedAndUnresolvableNodes=out.unresolvable)
     if args.Nodes is not None:
@@ -142,17 +157,34 @@ async def prioritize_endpoint(svc: Service, body: bytes) -> Response:
     return Response(json.dumps([{"Host": h, "Score": s} for h, s in scores]), media_type="application/json")
 
 
+async def preempt_endpoint(svc: Service, body: bytes) -> Response:
+    args = _parse(ExtenderPreemptionArgs, body)
+    victims: dict[str, list[str]] = {}
+    pdb: dict[str, int] = {}
+    for node, meta in (args.NodeNameToMetaVictims or {}).items():
+        victims[node], pdb[node] = [p.UID for p in meta.Pods], meta.NumPDBViolations
+    for node, full in (args.NodeNameToVictims or {}).items():
+        victims[node], pdb[node] = [p.metadata.uid for p in full.Pods], full.NumPDBViolations
+    kept = extender.preempt(svc.state, _pod_dict(args.Pod), victims)
+    return _json(ExtenderPreemptionResult(NodeNameToMetaVictims={
+        node: MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=pdb[node])
+        for node, uids in kept.items()}))
+
+
 async def bind_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderBindingArgs, body)
     if svc.cluster is None:
+        svc.metrics.bind("no_apiserver")
         return _json(ExtenderBindingResult(Error="this service runs without an apiserver; it cannot bind"))
     try:
         await run_in_threadpool(extender.bind, svc.state, svc.cluster, args.PodNamespace, args.PodName,
                                 args.PodUID, args.Node)
     except BindError as exc:
+        svc.metrics.bind("failed")
         log.warning("bind failed: %s", exc, extra={"fields": {"pod": f"{args.PodNamespace}/{args.PodName}",
                                                                "node": args.Node}})
         return _json(ExtenderBindingResult(Error=str(exc)))
+    svc.metrics.bind("bound")
     return _json(ExtenderBindingResult())
 
 
@@ -173,8 +205,10 @@ async def validate_endpoint(svc: Service, body: bytes) -> Response:
     review, pod = _review(body)
     uid = review.request.uid
     if pod is None or review.request.operation not in ("CREATE", "UPDATE"):
+        svc.metrics.review("validate", "allowed")
         return _json(AdmissionReviewResponse(response=AdmissionResponse(uid=uid, allowed=True)))
     verdict = admission.validate(pod, svc.state.largest_gpu_units())
+    svc.metrics.review("validate", "allowed" if verdict.allowed else "denied", verdict.rules)
     resp = AdmissionResponse(uid=uid, allowed=verdict.allowed, warnings=list(verdict.warnings) or None)
     if not verdict.allowed:
         resp.status = Status(code=403, reason="Forbidden", message=verdict.message)
@@ -193,6 +227,7 @@ async def mutate_endpoint(svc: Service, body: bytes) -> Response:
         if ops:
             resp.patch = base64.b64encode(json.dumps(ops).encode()).decode()
             resp.patchType = "JSONPatch"
+    svc.metrics.review("mutate", "patched" if resp.patch else "allowed")
     return _json(AdmissionReviewResponse(response=resp))
 
 
@@ -212,14 +247,19 @@ def build_app(svc: Service) -> Starlette:
     async def openapi(_: Request) -> Response:
         return JSONResponse(doc)
 
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     routes = [
         Route(f"{EXTENDER_PREFIX}/filter", _handler(svc, filter_endpoint), methods=["POST"]),
         Route(f"{EXTENDER_PREFIX}/prioritize", _handler(svc, prioritize_endpoint), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/preempt", _handler(svc, preempt_endpoint), methods=["POST"]),
         Route(f"{EXTENDER_PREFIX}/bind", _handler(svc, bind_endpoint), methods=["POST"]),
         Route("/admission/validate", _handler(svc, validate_endpoint), methods=["POST"]),
         Route("/admission/mutate", _handler(svc, mutate_endpoint), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     return Starlette(routes=routes)

@@ -101,6 +101,34 @@ class ExtenderBindingResult(BaseModel):
     Error: str = ""
 
 
+class MetaPod(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    UID: str = Field(validation_alias=AliasChoices("UID", "uid"))
+
+
+class MetaVictims(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    Pods: list[MetaPod] = Field(default_factory=list, validation_alias=AliasChoices("Pods", "pods"))
+    NumPDBViolations: int = Field(default=0, validation_alias=AliasChoices("NumPDBViolations", "numPDBViolations"))
+
+
+class Victims(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    Pods: list[PodObject] = Field(default_factory=list, validation_alias=AliasChoices("Pods", "pods"))
+    NumPDBViolations: int = Field(default=0, validation_alias=AliasChoices("NumPDBViolations", "numPDBViolations"))
+
+
+class ExtenderPreemptionArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    Pod: PodObject = Field(validation_alias=AliasChoices("Pod", "pod"))
+    NodeNameToVictims: dict[str, Victims] | None = _go("NodeNameToVictims")
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = _go("NodeNameToMetaVictims")
+
+
+class ExtenderPreemptionResult(BaseModel):
+    NodeNameToMetaVictims: dict[str, MetaVictims] = Field(default_factory=dict)
+
+
 # --- AdmissionReview (admission.k8s.io/v1) ---------------------------------------------------------------------
 class GroupVersionKind(_Open):
     group: str = ""

@@ -14,6 +14,8 @@ from devplugin.scheduler.models import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
     HostPriority,
     Problem,
 )
@@ -21,6 +23,8 @@ from devplugin.scheduler.models import (
 _ROUTES: list[tuple[str, type[BaseModel], Any, str]] = [
     ("/scheduler/filter", ExtenderArgs, ExtenderFilterResult, "scheduler extender: filter nodes"),
     ("/scheduler/prioritize", ExtenderArgs, list[HostPriority], "scheduler extender: score nodes 0..10"),
+    ("/scheduler/preempt", ExtenderPreemptionArgs, ExtenderPreemptionResult,
+     "scheduler extender: keep the eviction plans that free room on a GPU"),
     ("/scheduler/bind", ExtenderBindingArgs, ExtenderBindingResult, "scheduler extender: choose GPUs and bind"),
     ("/admission/validate", AdmissionReview, AdmissionReviewResponse, "validating admission webhook"),
     ("/admission/mutate", AdmissionReview, AdmissionReviewResponse, "mutating admission webhook"),
@@ -28,8 +32,9 @@ _ROUTES: list[tuple[str, type[BaseModel], Any, str]] = [
 
 
 def openapi_document() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs,
-                                      ExtenderBindingResult, AdmissionReview, AdmissionReviewResponse, Problem]
+    models: list[type[BaseModel]] = [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderPreemptionArgs,
+                                      ExtenderPreemptionResult, ExtenderBindingArgs, ExtenderBindingResult,
+                                      AdmissionReview, AdmissionReviewResponse, Problem]
     refs, defs = models_json_schema([(m, "validation") for m in models],
                                     ref_template="#/components/schemas/{model}")
     paths: dict[str, Any] = {}

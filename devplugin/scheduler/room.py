@@ -47,9 +47,11 @@ class GpuRoom:
 
 
 def node_room(inventory: NodeInventory, holdings: Iterable[Mapping[str, tuple[GpuShare, ...]]],
-              usage: NodeUsage | None = None) -> tuple[GpuRoom, ...]:
+              usage: NodeUsage | None = None,
+              removed: Iterable[Mapping[str, tuple[GpuShare, ...]]] = ()) -> tuple[GpuRoom, ...]:
     """Per-GPU room: the inventory, minus every share in `holdings` (one mapping per pod: container -> shares),
-    then at least what the node daemon says is in use (pods placed without annotations)."""
+    then at least what the node daemon says is in use (pods placed without annotations), less the shares of the
+    pods in `removed` (pods left out of this view: the daemon's count still has them)."""
     rooms = {g.index: GpuRoom(g.index, g.uuid, g.mem_units, g.healthy) for g in inventory.gpus}
     for pod in holdings:
         for shares in pod.values():
@@ -58,14 +60,21 @@ def node_room(inventory: NodeInventory, holdings: Iterable[Mapping[str, tuple[Gp
                 if room is not None:
                     room.hold(share)
     if usage is not None:
+        gone = {i: GpuRoom(i, "", 0) for i in rooms}
+        for pod in removed:
+            for shares in pod.values():
+                for share in shares:
+                    if share.index in gone:
+                        gone[share.index].hold(share)
         for index, used in usage.gpus.items():
             room = rooms.get(index)
             if room is None:
                 continue
-            room.mem_used = max(room.mem_used, used.mem)
-            room.core_used = max(room.core_used, used.core)
-            room.containers = max(room.containers, used.containers)
-            room.whole = room.whole or used.whole
+            minus = gone[index]
+            room.mem_used = max(room.mem_used, used.mem - minus.mem_used)
+            room.core_used = max(room.core_used, used.core - minus.core_used)
+            room.containers = max(room.containers, used.containers - minus.containers)
+            room.whole = room.whole or (used.whole and not minus.whole)
     return tuple(rooms[i] for i in sorted(rooms))
 
 

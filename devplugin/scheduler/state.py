@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
@@ -63,10 +63,12 @@ class NodeEntry:
     held: dict[str, Held] = field(default_factory=dict)
     cached: NodeView | None = None  # the view with every pod counted; None when stale
 
-    def view(self, without: str = "") -> NodeView:
-        """The node as fit sees it; `without` leaves one pod out (a pod scheduled again)."""
-        if without and without in self.held and self.inventory is not None:
-            rooms = node_room(self.inventory, (h.shares for u, h in self.held.items() if u != without), self.usage)
+    def view(self, without: str | Collection[str] = "") -> NodeView:
+        """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
+        out = {without} if isinstance(without, str) else set(without)
+        if out & self.held.keys() and self.inventory is not None:
+            rooms = node_room(self.inventory, (h.shares for u, h in self.held.items() if u not in out), self.usage,
+                              (h.shares for u, h in self.held.items() if u in out))
             return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
         if self.cached is None:
             rooms = () if self.inventory is None else node_room(
@@ -160,7 +162,7 @@ class ClusterState:
         with self._lock:
             return list(self._nodes)
 
-    def view(self, name: str, without: str = "") -> NodeView | None:
+    def view(self, name: str, without: str | Collection[str] = "") -> NodeView | None:
         with self._lock:
             entry = self._nodes.get(name)
             return entry.view(without) if entry is not None else None
@@ -253,6 +255,11 @@ class ClusterState:
             held = self._held.get(uid)
             if held is not None and held.assumed:
                 held.bound = True
+
+    def assumptions(self) -> int:
+        """GPU choices made by bind that the watch has not shown bound yet (they expire after the TTL)."""
+        with self._lock:
+            return len(self._assumed)
 
     def forget(self, uid: str) -> None:
         with self._lock:
