@@ -348,3 +348,34 @@ def test_preemption_counts_the_daemons_usage_less_the_victims() -> None:
     # A pod the daemon counts but no annotation names (4 GiB) stays: evicting v leaves 12 free, not 16.
     st.upsert_node(node("n1", gpus=1, units=16, usage={0: GpuUsage(mem=16, containers=2)}))
     assert preempt(st, pod(mem=14), {"n1": [v["metadata"]["uid"]]}) == {}
+
+
+def test_a_slow_apiserver_write_holds_back_no_other_bind() -> None:
+    # Decisions for one node are serialised under its lock; the apiserver write is outside it, so a Binding that
+    # hangs delays neither binds to other nodes nor other binds to the same node.
+    st = state_with(node("n1", gpus=1, units=16), node("n2", gpus=1, units=16))
+    writing, release = threading.Event(), threading.Event()
+
+    class SlowFirst(FakeCluster):
+        def bind_pod(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+            if name == "slow":
+                writing.set()
+                assert release.wait(10)
+            super().bind_pod(namespace, name, uid, node, annotations)
+
+    cluster = SlowFirst(st)
+    pods = {n: pod(n, mem=4) for n in ("slow", "same-node", "other-node")}
+    for p in pods.values():
+        st.upsert_pod(p)
+    slow = threading.Thread(target=bind, args=(st, cluster, "default", "slow", pods["slow"]["metadata"]["uid"], "n1"))
+    slow.start()
+    try:
+        assert writing.wait(10)
+        bind(st, cluster, "default", "same-node", pods["same-node"]["metadata"]["uid"], "n1")
+        bind(st, cluster, "default", "other-node", pods["other-node"]["metadata"]["uid"], "n2")
+        assert [k for k, _, _ in cluster.bound] == ["default/same-node", "default/other-node"]
+        assert st.view("n1").gpus[0].mem_used == 8  # the slow one's room is held meanwhile
+    finally:
+        release.set()
+        slow.join()
+    assert len(cluster.bound) == 3
