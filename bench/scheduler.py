@@ -222,6 +222,11 @@ def main() -> int:
     print(f"filter answer: {len(passed['NodeNames'])} nodes pass, {len(passed['FailedNodes'])} fail")
 
     row("filter (HTTP, NodeNames)", timed(lambda: http.post("/scheduler/filter", content=body), args.calls))
+    too_big = pod("too-big", containers=[container(mem=UNITS + 1, core=50)])  # fails everywhere, with reasons
+    tight = json.dumps({"Pod": too_big, "NodeNames": names}).encode()
+    verdict = json.loads(http.post("/scheduler/filter", content=tight)[1])
+    row(f"filter, {len(verdict['FailedNodes'])} nodes failing, with reasons",
+        timed(lambda: http.post("/scheduler/filter", content=tight), args.calls))
     row("prioritize (HTTP, NodeNames)", timed(lambda: http.post("/scheduler/prioritize", content=body), args.calls))
     row("filter (function)", timed(lambda: extender.filter_nodes(state, asks, names), args.calls))
     row("prioritize (function)", timed(lambda: extender.prioritize(state, asks, names), args.calls))
