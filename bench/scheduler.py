@@ -16,6 +16,7 @@ Run: .venv/bin/python bench/scheduler.py [--nodes 1000] [--calls 200] [--https]
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import random
@@ -212,6 +213,8 @@ def main() -> int:
     state, names = cluster(args.nodes, rng)
     print(f"cluster: {args.nodes} nodes x {GPUS} GPUs x {UNITS} GiB, {args.nodes * PODS_PER_NODE} pods placed "
           f"(built in {time.perf_counter() - t:.1f} s)")
+    gc.collect()
+    gc.freeze()  # as the service does once its first lists are in (service.freeze_long_lived)
     http = Asgi(build_app(Service(state, NoApiserver())))
     asks = pod("bench", containers=[container(mem=12, core=20)])
     body = json.dumps({"Pod": asks, "NodeNames": names}).encode()

@@ -100,3 +100,22 @@ def test_missing_tls_files_are_refused_at_start() -> None:
     r = subprocess.run([sys.executable, "-m", "devplugin", "scheduler", "--tls-cert-file", "/nonexistent.crt",
                         "--tls-private-key-file", "/nonexistent.key"], capture_output=True, text=True)
     assert r.returncode == 2 and "--tls-cert-file /nonexistent.crt: no such file" in r.stderr
+
+
+def test_long_lived_objects_are_frozen_once_synced_then_every_few_minutes() -> None:
+    import gc
+
+    from devplugin.scheduler.service import FREEZE_EVERY_S, freeze_long_lived
+    from devplugin.scheduler.state import ClusterState
+
+    state = ClusterState()
+    assert freeze_long_lived(state, 0.0, now=100.0) == 0.0  # not synced: nothing frozen yet
+    state.replace_nodes([node("n1")])
+    state.replace_pods([pod("p", mem=1, node_name="n1")])
+    try:
+        assert freeze_long_lived(state, 0.0, now=100.0) == 100.0
+        assert gc.get_freeze_count() > 0
+        assert freeze_long_lived(state, 100.0, now=100.0 + FREEZE_EVERY_S - 1) == 100.0
+        assert freeze_long_lived(state, 100.0, now=100.0 + FREEZE_EVERY_S) == 100.0 + FREEZE_EVERY_S
+    finally:
+        gc.unfreeze()
