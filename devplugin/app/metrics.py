@@ -57,11 +57,15 @@ class NodeMetrics:
             "not_found or no_answer (both placed by node-local pairing)",
             ["node", "outcome"], registry=self.registry)
         self._lookup = {o: self.lookups.labels(node_name, o) for o in LOOKUP_OUTCOMES}
+        self._timers: dict[tuple[str, str], Histogram] = {}  # (call, resource) -> its series, looked up once
         self.registry.register(NodeCollector(link, node_name))
 
     # ------------------------------------------------------------------ AdmissionObserver
     def answered(self, call: str, resource: str, seconds: float) -> None:
-        self.latency.labels(self.node_name, call, resource).observe(seconds)
+        timer = self._timers.get((call, resource))
+        if timer is None:
+            timer = self._timers[(call, resource)] = self.latency.labels(self.node_name, call, resource)
+        timer.observe(seconds)
 
     def refused(self, call: str, resource: str, exc: RequestError) -> None:
         self.refusals.labels(self.node_name, call, resource, exc.error, exc.reason).inc()
@@ -76,7 +80,7 @@ class NodeMetrics:
         """Create the admission series of these resources at zero, so that rates exist before the first call."""
         for res in resources:
             for call in CALLS:
-                self.latency.labels(self.node_name, call, res)
+                self._timers[(call, res)] = self.latency.labels(self.node_name, call, res)
 
 
 class _Families:
