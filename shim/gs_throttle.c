@@ -16,7 +16,7 @@
 #define GS_BATCH_NS 1000000LL         /* a batch is about 1 ms of budget */
 #define GS_CAPACITY_NS 50000000LL     /* the pool holds at most 50 ms of budget */
 #define GS_MAX_BATCH (1LL << 30)
-#define GS_UNMEASURED_NS 1000000000ULL /* launching without any newer NVML sample this long: measure the GPU */
+#define GS_UNMEASURED_NS 3000000000ULL /* launching without any newer NVML sample this long: measure the GPU */
 
 /* What this process's controller thread keeps per GPU. */
 struct watch {
@@ -149,24 +149,30 @@ static void control(int d)
     if (now < next || !__atomic_compare_exchange_n(&c->next_step, &next, now + period * 9 / 10, 0,
                                                    __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return;
+    uint64_t prev = next ? next - period * 9 / 10 : 0; /* when the previous step was taken */
     uint64_t last = c->step_at;
     uint64_t spent = __atomic_load_n(&c->spent, __ATOMIC_RELAXED), waits = __atomic_load_n(&c->waits, __ATOMIC_RELAXED);
-    uint64_t used = spent - c->step_spent;
-    int waited = waits != c->step_waits;
-    c->step_at = now;
-    c->step_spent = spent;
-    c->step_waits = waits;
-    if (!last || now - last > 10 * period) {
+    if (!prev || !last || now - prev > 10 * period) {
         /* First step, or the container was away (its learnt rate may be for another workload): only take the
          * counters, and let the next measurement set the rate outright. */
+        c->step_at = now;
+        c->step_spent = spent;
+        c->step_waits = waits;
         __atomic_store_n(&c->resumed, 1, __ATOMIC_RELAXED);
         return;
     }
+    /* Tokens and samples both since the last measurement: the driver's samples may come less often than the
+     * steps, and then the tokens add up until they do. */
+    uint64_t used = spent - c->step_spent;
+    int waited = waits != c->step_waits;
     double dt = (double)(now - last) / 1e9;
     int u = -1, others;
     int cu = measure(d, c, used, &u, &others);
     if (cu < 0)
         return;
+    c->step_at = now;
+    c->step_spent = spent;
+    c->step_waits = waits;
     int share = gs_gates[d].share, reclaim;
     int a = target_share(c, share, cu, others, now, &reclaim);
     int outright = reclaim || __atomic_load_n(&c->resumed, __ATOMIC_RELAXED);
