@@ -1,10 +1,8 @@
-"""Defects found by bench/churn.py, each reduced to a minimal reproduction (xfail while it is open)."""
+"""Defects found by bench/churn.py, each reduced to a minimal reproduction (all fixed)."""
 
 from __future__ import annotations
 
 import time
-
-import pytest
 
 from devplugin.kube.node_sync import by_kind
 from devplugin.kube.podresources import list_containers
@@ -66,10 +64,6 @@ def test_a_sync_older_than_an_allocation_forgets_nothing() -> None:
         assert not given, f"the daemon gave {given} while container 'shared' holds units of it"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Holdings.keep_only keeps every holder that got devices less than RECORD_LAG_S = 2 s before the PodResources "
-    "read, so a gpu-count pod that ended within 2 s of its admission keeps its GPU's units Unhealthy and refused "
-    "for up to 3 s; the kubelet records an Allocate within milliseconds, so a grace of a few hundred ms would do"))
 def test_fallback_a_reread_frees_the_gpu_of_a_short_lived_pod() -> None:
     """The kubelet records a container's devices a moment after the plugin's Allocate answered, so a PodResources
     read may keep very fresh holders it does not list yet; but a whole-GPU pod that ran for half a second and

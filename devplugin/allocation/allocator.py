@@ -201,6 +201,11 @@ class Allocator:
             self.reporter.occupancy_changed(self.holdings)
         self.book.forget_rolled_back(kind, avail)
 
+    def snapshot(self, read: Callable[[Holdings], T]) -> T:
+        """read(holdings) with no admission in flight (for publishers off the admission path)."""
+        with self._lock:
+            return read(self.holdings)
+
     def pod_ended(self, pod_uid: str) -> None:
         """The pod cache saw a pod finish or go: its units come back."""
         with self._lock:
@@ -515,10 +520,12 @@ class Allocator:
                                                         "code": exc.code.name}})
 
     def _log_grant(self, dec: Decision, kind: Kind, ids: Sequence[str]) -> None:
-        log.info("allocated %d %s on GPU %s to %s", len(ids), self.node.resource_name(kind),
-                 ",".join(str(self.node.by_uuid[u].index) for u in dec.gpus), dec.label(),
-                 extra={"fields": {"resource": self.node.resource_name(kind), "gpu": ",".join(dec.gpus),
-                                   "devices": len(ids), "container": dec.label(), "state_dir": dec.dir_name}})
+        # a known container's placement was logged once, whole, when it was decided: its grants are detail
+        log.log(logging.DEBUG if dec.known else logging.INFO, "allocated %d %s on GPU %s to %s", len(ids),
+                self.node.resource_name(kind), ",".join(str(self.node.by_uuid[u].index) for u in dec.gpus),
+                dec.label(), extra={"fields": {"resource": self.node.resource_name(kind), "gpu": ",".join(dec.gpus),
+                                               "devices": len(ids), "container": dec.label(),
+                                               "state_dir": dec.dir_name}})
 
     # ================================================================== node-local pairing (no pod identity)
     def _anonymous_preferred(self, kind: Kind, avail: dict[str, set[str]], must: dict[str, set[str]],

@@ -140,6 +140,8 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     sync = NodeSync(allocator, cfg.pod_resources_socket, link.pod_list,
                     interval_s=SYNC_INTERVAL_S if link.pods is not None else SYNC_INTERVAL_ALONE_S)
     allocator.resync = sync.sync
+    if reporter is not None:
+        reporter.snapshot = allocator.snapshot
     if metrics is not None:
         allocator.on_lookup = metrics.lookup
         metrics.prepare([node.resource_name(k) for k in node.kinds])

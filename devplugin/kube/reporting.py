@@ -100,7 +100,9 @@ class ClusterReporter(Reporter):
         self._usage: c.NodeUsage | None = None
         self._usage_due = threading.Event()
         self._stopping = threading.Event()
-        self._pending_usage: c.NodeUsage | None = None
+        self._holdings: Holdings | None = None
+        # runs fn(holdings) under the allocator's lock (Allocator.snapshot); set by whoever builds the allocator
+        self.snapshot: Callable[[Callable[[Holdings], c.NodeUsage]], c.NodeUsage] | None = None
         self._thread = threading.Thread(target=self._publish_loop, name="usage-publisher", daemon=True)
 
     def start(self) -> None:
@@ -182,8 +184,8 @@ class ClusterReporter(Reporter):
 
     def occupancy_changed(self, holdings: Holdings) -> None:
         self.set_occupancy(occupancy(holdings, self.node))
-        self._pending_usage = node_usage(holdings, self.node)  # a snapshot: the publisher thread reads no live state
-        self._usage_due.set()
+        self._holdings = holdings
+        self._usage_due.set()  # the publisher takes the snapshot, under the allocator's lock, off the admission path
 
     def forget_pod(self, pod_uid: str) -> None:
         self._recorded.pop(pod_uid, None)
@@ -205,9 +207,10 @@ class ClusterReporter(Reporter):
                 return
             self._stopping.wait(USAGE_DEBOUNCE_S)
             self._usage_due.clear()
-            usage = self._pending_usage
-            if usage is None:
+            holdings, snapshot = self._holdings, self.snapshot
+            if holdings is None:
                 continue
+            usage = snapshot(lambda h: node_usage(h, self.node)) if snapshot else node_usage(holdings, self.node)
             if self._usage is not None and dict(usage.gpus) == dict(self._usage.gpus):
                 continue
             self._usage = usage
