@@ -379,3 +379,26 @@ def test_a_slow_apiserver_write_holds_back_no_other_bind() -> None:
         release.set()
         slow.join()
     assert len(cluster.bound) == 3
+
+
+def test_an_init_container_whose_devices_an_app_container_reuses_holds_no_room_of_its_own() -> None:
+    # The kubelet hands an init container's devices on to the next app container; the node daemon matches them
+    # when the amounts are equal. Both go on one GPU and count once.
+    st = state_with(node("n1", gpus=2, units=6), pods=(held(0, 1),))
+    cluster = FakeCluster(st)
+    p = pod("warm", init=[container("fetch", mem=4, core=0)], containers=[container("main", mem=4)])
+    st.upsert_pod(p)
+    assert filter_nodes(st, p, ["n1"]).passed == ["n1"]
+    bind(st, cluster, "default", "warm", p["metadata"]["uid"], "n1")
+    chosen = parse_assignment(cluster.bound[0][2][ANN_SCHEDULED]).containers
+    assert chosen["fetch"] == chosen["main"] and chosen["main"][0].index == 0  # binpack: the fuller GPU
+    assert [g.mem_used for g in st.view("n1").gpus] == [5, 0]
+    # The same from the annotation once bound (a restart reads it back the same way).
+    bound = {**p, "spec": {**p["spec"], "nodeName": "n1"},
+             "metadata": {**p["metadata"], "annotations": cluster.bound[0][2]}}
+    assert [g.mem_used for g in state_with(node("n1", gpus=2, units=6), pods=(bound, held(0, 1))).view("n1").gpus] \
+        == [5, 0]
+    # Different amounts: no reuse to count on, both held while the pod starts (4 + 3 do not fit one 6 GiB GPU).
+    other = pod("cold", init=[container("fetch", mem=3)], containers=[container("main", mem=4)])
+    out = filter_nodes(st, other, ["n1"])
+    assert out.failed["n1"] == "container 'fetch': GPU 0,1: at most 2 GiB free on one GPU, 3 GiB asked"

@@ -93,20 +93,39 @@ class Ask:
     items: tuple[Item, ...]
     problem: str
     needs_core: bool
+    reused: tuple[tuple[str, str], ...] = ()  # (init container, app container that gets its devices)
+
+
+def reused_by_app(pod: PodRequest) -> dict[str, str]:
+    """Init containers whose devices the kubelet hands on to an app container, init name -> app name: the
+    kubelet reuses an init container's devices for the next app container, and the node daemon matches them when
+    the app container asks for the same amounts. Such an init container holds no room of its own (it has ended
+    before the app container starts) and goes on the app container's GPU."""
+    apps = [c for c in pod.gpu_containers if not c.init]
+    out: dict[str, str] = {}
+    for init in (c for c in pod.gpu_containers if c.init):
+        same = next((a for a in apps if (a.mem, a.core, a.count) == (init.mem, init.core, init.count)
+                     and a.name not in out.values()), None)
+        if same is not None:
+            out[init.name] = same.name
+    return out
 
 
 def ask_of(pod: PodRequest) -> Ask:
     problem = check_pod(pod)
     wanted = pod.gpu_containers
+    reused = reused_by_app(pod) if not problem else {}
     items: list[Item] = []
     if not problem:
         for c in sorted(wanted, key=_largest_first):
+            if c.name in reused:
+                continue
             if c.count:
                 items.append(Item(c, c.count, 0, 0, c.count))
             else:
                 mem, core = per_gpu_share(c, pod.gpus_per_container)
                 items.append(Item(c, 0, mem, core, pod.gpus_per_container))
-    return Ask(tuple(items), problem, any(c.core for c in wanted))
+    return Ask(tuple(items), problem, any(c.core for c in wanted), tuple(reused.items()))
 
 
 def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
@@ -119,7 +138,7 @@ def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
     if ask.needs_core and node.mode not in MODES_WITH_CORE:
         return Fit(reason=f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)",
                    unresolvable=True)
-    if len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1:
+    if len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1 and not ask.reused:
         return _one_share(ask.items[0], node)
     rooms = [g.copy() for g in node.gpus]
     out: dict[str, tuple[GpuShare, ...]] = {}
@@ -129,6 +148,8 @@ def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
         if isinstance(chosen, str):
             return Fit(reason=_prefix(item.container, several) + chosen)
         out[item.container.name] = chosen
+    for init, app in ask.reused:
+        out[init] = out[app]
     return Fit(containers=out)
 
 

@@ -77,7 +77,16 @@ def _ack_holding(pod: PodRequest) -> dict[str, tuple[GpuShare, ...]]:
 
 
 def _running_only(pod: PodRequest, held: Holding) -> Holding:
-    if pod.phase == "Pending":
-        return held
+    return counted(pod, held)
+
+
+def counted(pod: PodRequest, held: Holding) -> Holding:
+    """What of `held` takes room: init containers only while the pod is Pending, and not those whose devices an
+    app container reuses (the same GPUs and amounts as an app container's: they are one holding, not two)."""
     init = {c.name for c in pod.containers if c.init}
-    return {name: shares for name, shares in held.items() if name not in init} if init else held
+    if not init:
+        return held
+    if pod.phase != "Pending":
+        return {name: shares for name, shares in held.items() if name not in init}
+    apps = [shares for name, shares in held.items() if name not in init]
+    return {name: shares for name, shares in held.items() if name not in init or shares not in apps}

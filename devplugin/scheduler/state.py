@@ -29,7 +29,7 @@ from devplugin.contract import (
 )
 from devplugin.kube.labels import mode_from_labels
 from devplugin.scheduler.fit import NodeView
-from devplugin.scheduler.placements import Holding, pod_holding
+from devplugin.scheduler.placements import Holding, counted, pod_holding
 from devplugin.scheduler.room import node_room
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ assumptions
     def assume(self, pod: PodRequest, node: str, shares: Holding) -> Held:
-        held = Held(pod.uid, pod.key, node, shares, "assumed", assumed=True,
+        held = Held(pod.uid, pod.key, node, counted(pod, shares), "assumed", assumed=True,
                     expires=self.clock() + self.assume_ttl_s)
         with self._lock:
             self._keep(held)
