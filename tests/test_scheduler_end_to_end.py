@@ -97,3 +97,27 @@ def wait_for_record(cl: DemoCluster, name: str) -> c.PodAssignment:
     wait_for(lambda: (r := cl.allocated(name)) is not None and found.append(r) is None, timeout=10,
              what=f"the daemon's {c.ANN_ALLOCATED} on {name}")
     return found[0]
+
+
+def test_an_init_container_and_the_app_container_that_reuses_its_devices_land_on_the_chosen_gpu(
+        node_and_extender: tuple[DemoCluster, ClusterState]) -> None:
+    cl, state = node_and_extender
+    cluster = KubeCluster(cl.api.client())
+    uuids = [g.uuid for g in cl.driver.gpus]
+    cl.admit(cl.create_pod("fill", {MEM: 10}))  # GPU 0: 5 GiB free; binpack puts a 4 GiB pod there
+    wait_for(lambda: [g.mem_used for g in state.view(NODE).gpus] == [10, 0, 0, 0], timeout=20)
+    lim = {"resources": {"limits": {MEM: "4"}, "requests": {MEM: "4"}}}
+    p = cl.api.add_pod(name="warm", namespace=NAMESPACE, containers=[{"name": "main", "image": "x", **lim}],
+                       init_containers=[{"name": "fetch", "image": "x", **lim}])
+    wait_for(lambda: state.pod(NAMESPACE, "warm"), what="pod warm in the cache")
+    chosen = bind(state, cluster, NAMESPACE, "warm", p["metadata"]["uid"], NODE)
+    assert [s.index for s in chosen.containers["fetch"]] == [s.index for s in chosen.containers["main"]] == [0]
+    got = cl.admit(cl.api.pod(NAMESPACE, "warm"))
+    assert got.init_containers[0].envs[c.ENV_NVIDIA_VISIBLE_DEVICES] == uuids[0]
+    assert got.container("main").envs[c.ENV_NVIDIA_VISIBLE_DEVICES] == uuids[0]
+    assert not cl.events("warm", "Warning")
+    wait_for(lambda: (h := state.held(p["metadata"]["uid"])) is not None and h.source == c.ANN_ALLOCATED
+             and set(h.shares) == {"main"}, timeout=20, what="the daemon's record of the pair, counted once")
+    record = wait_for_record(cl, "warm")
+    assert record.containers["fetch"] == record.containers["main"]
+    assert [g.mem_used for g in state.view(NODE).gpus] == [14, 0, 0, 0]
