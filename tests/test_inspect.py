@@ -26,6 +26,7 @@ def cluster() -> Iterator[FakeApiserver]:
             api.add_node(name, labels=n["metadata"]["labels"], annotations=n["metadata"]["annotations"])
             api.patch_node(name, {"status": {"addresses": [{"type": "InternalIP", "address": f"10.0.0.{ip}"}]}})
         api.add_node("cpu-only")
+        api.add_node("gpu-c", annotations={"gpushare.io/gpus": "{broken"})
         api.add_pod(name="train", namespace="ml", node_name="gpu-a", phase="Running", limits={MEM: 6, CORE: 30},
                     annotations={ANN_ALLOCATED: assignment("gpu-a", main=(GpuShare(0, "", 6, 30),))})
         api.add_pod(name="serve", node_name="gpu-a", limits={MEM: 4},
@@ -64,6 +65,10 @@ def test_text_summary_per_node_and_gpu(cluster: FakeApiserver, capsys: pytest.Ca
         "  3    0/15         0/100    0     unhealthy\n"
         "  all  5/60 (8%)    0/400    1\n"
         "\n"
+        "gpu-c\n"
+        "  ! annotation gpushare.io/gpus is not JSON: Expecting property name enclosed in\n"
+        "    double quotes: line 1 column 2 (char 1); the node daemon must republish it\n"
+        "\n"
         "PENDING          NODE  MEMORY  CORE(%)  GPUS\n"
         "default/waiting  -     20      0        0\n"
         "\n"
@@ -82,7 +87,8 @@ def test_details_list_the_pods_on_each_gpu(cluster: FakeApiserver, capsys: pytes
 
 def test_json_for_scripts(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(run(capsys, cluster, "-o", "json"))
-    assert [n["name"] for n in doc["nodes"]] == ["gpu-a", "gpu-b"]
+    assert [n["name"] for n in doc["nodes"]] == ["gpu-a", "gpu-b", "gpu-c"]
+    assert "not JSON" in doc["nodes"][2]["problem"] and doc["nodes"][2]["gpus"] == []
     gpu0 = doc["nodes"][0]["gpus"][0]
     assert (gpu0["memAllocated"], gpu0["memTotal"], gpu0["coreAllocated"]) == (10, 16, 30)
     assert {(p["namespace"], p["name"], p["state"]) for p in gpu0["pods"]} == {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from devplugin.inspect.report import GpuReport, NodeReport, Report
@@ -44,7 +45,9 @@ def node_block(n: NodeReport, details: bool) -> list[str]:
     head = "  ".join(x for x in (n.name, n.ip, n.mode, n.placement) if x)
     lines = [_cut(head, WIDTH)]
     if n.problem:
-        lines.append(_cut(f"  ({n.problem})", WIDTH))
+        lines += textwrap.wrap(n.problem, WIDTH, initial_indent="  ! ", subsequent_indent="    ")
+    if not n.gpus:
+        return lines
     unit = unit_name(n.unitMiB)
     rows: list[list[str]] = [["GPU", f"MEMORY({unit})", "CORE(%)", "PODS", ""]]
     pod_lines: dict[int, list[str]] = {}

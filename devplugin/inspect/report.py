@@ -14,6 +14,7 @@ from devplugin.contract import (
     ANN_ALIYUN_ASSIGNED,
     ANN_ALIYUN_MEM_IDX,
     ANN_ALLOCATED,
+    ANN_NODE_GPUS,
     CORE_PER_GPU,
 )
 from devplugin.scheduler.placements import pod_holding
@@ -119,7 +120,9 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
     for obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
         entry = node_entry(obj)
         if entry.inventory is None:
-            continue  # not a GPU-sharing node
+            if ANN_NODE_GPUS in ((obj.get("metadata") or {}).get("annotations") or {}):  # published, unreadable
+                out.append(NodeReport(entry.name, _ip(obj), "", "", 1024, 0, 0, entry.problem))
+            continue  # otherwise not a GPU-sharing node
         on_node = holdings.get(entry.name, [])
         rooms = node_room(entry.inventory, (h for _, h, _ in on_node), entry.usage)
         models = {g.index: g.model for g in entry.inventory.gpus}
