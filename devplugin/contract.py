@@ -34,6 +34,7 @@ ENV_LIMITS_FILE = "GPUSHARE_LIMITS_FILE"  # where the read-only limits file is m
 ENV_REAL_LIBCUDA = "GPUSHARE_REAL_LIBCUDA"  # path of the real libcuda.so.1 (tests point it at the fake)
 ENV_REAL_LIBNVML = "GPUSHARE_REAL_LIBNVML"  # path of the real libnvidia-ml.so.1 (tests likewise)
 ENV_CONTEXT_RESERVE = "GPUSHARE_CONTEXT_RESERVE"  # device memory charged per process for its CUDA context
+ENV_GPU_LOCK_DIR = "GPUSHARE_GPU_LOCK_DIR"  # a directory of <GPU UUID>.lock files shared by a node's containers
 
 CORE_POLICIES = ("default", "force", "disable")
 
@@ -43,6 +44,10 @@ CONTAINER_PRELOAD_PATH = "/etc/ld.so.preload"
 CONTAINER_LIMITS_PATH = "/etc/gpushare/limits"
 CONTAINER_STATE_DIR = "/var/run/gpushare"
 CONTAINER_SHARED_CACHE = CONTAINER_STATE_DIR + "/usage.cache"
+# The node's per-GPU lock files (read-only; flock works on them): processes of different containers starting on
+# one GPU at the same moment take turns to find their NVML pid. Used in place of GPUSHARE_GPU_LOCK_DIR whenever the
+# daemon's limits file is mounted.
+CONTAINER_GPU_LOCK_DIR = "/var/run/gpushare-locks"
 
 # --- The limits file --------------------------------------------------------------------------
 # Text, one `key=value` a line, `#` starts a comment. It wins over every env var above.

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "gs_pidmap.h"
 
+#include "gs_config.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -72,7 +74,9 @@ static int claimed_by_other(const struct gs_region *r, const struct gs_slot *min
 /* The node-wide lock of this GPU, when the containers share a lock directory. -1 when there is none. */
 static int gpu_lock(const char *uuid)
 {
-    const char *dir = getenv(GS_ENV_GPU_LOCK_DIR);
+    const char *dir = gs_cfg.from_file && !strcmp(gs_cfg.limits_path, GS_CONTAINER_LIMITS_PATH)
+                          ? GS_CONTAINER_GPU_LOCK_DIR /* the daemon's: a process cannot opt out of it */
+                          : getenv(GS_ENV_GPU_LOCK_DIR);
     if (!dir || !*dir)
         return -1;
     char path[PATH_MAX];

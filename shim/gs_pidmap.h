@@ -4,8 +4,9 @@
  * in its slot of the container's usage file, where every process of the container reads the whole set.
  *
  * Race-free: the list is read before and after the context is created while holding the container's lock
- * (processes of this container) and, when GPUSHARE_GPU_LOCK_DIR names a directory shared by the containers on
- * the node, a per-GPU lock there (flock on <dir>/<uuid>.lock; read-only files do). A new pid that another
+ * (processes of this container) and a per-GPU lock shared by the containers on the node (flock on
+ * <dir>/<uuid>.lock; read-only files do): <dir> is the daemon's mount GS_CONTAINER_GPU_LOCK_DIR when its limits
+ * file is mounted, else GPUSHARE_GPU_LOCK_DIR when set. A new pid that another
  * process of the container already claimed is not ours. Only exactly one remaining new pid is taken; anything
  * else (a process outside the shim created a context at the same moment) leaves the process marked unmapped
  * (nvml_pid = -1) with a warning, and the compute share then measures that GPU as a whole. */
@@ -15,7 +16,7 @@
 #include "gs_cuda_types.h"
 #include "gs_usage.h"
 
-#define GS_ENV_GPU_LOCK_DIR "GPUSHARE_GPU_LOCK_DIR"
+#include "gpushare_contract.h" /* GS_ENV_GPU_LOCK_DIR, GS_CONTAINER_GPU_LOCK_DIR */
 
 struct gs_slot;
 

@@ -58,8 +58,8 @@ def test_limits_preload_and_library_are_mounted_read_only_and_only_the_state_dir
     _, got = node
     for name, c in got.items():
         mounts = c["mounts"]
-        assert set(mounts) == {*PROTECTED, contract.CONTAINER_STATE_DIR}, name
-        for path in PROTECTED:
+        assert set(mounts) == {*PROTECTED, contract.CONTAINER_STATE_DIR, contract.CONTAINER_GPU_LOCK_DIR}, name
+        for path in (*PROTECTED, contract.CONTAINER_GPU_LOCK_DIR):
             assert mounts[path].read_only is True, f"{name}: {path} is writable"
         assert mounts[contract.CONTAINER_STATE_DIR].read_only is False
 
@@ -186,5 +186,8 @@ def test_a_container_cannot_change_its_limits_or_preload_nor_reach_another_conta
     own.unlink()
     seen = [Path(p).relative_to(tmp_path / "rootfs") for p in out["seen"]]
     # ... and is all it sees of the accounting: b's usage file is nowhere under its root
-    assert sorted(seen) == sorted(Path(p.lstrip("/")) for p in [*PROTECTED, contract.CONTAINER_SHARED_CACHE])
+    locks = [p for p in seen if str(p).startswith(contract.CONTAINER_GPU_LOCK_DIR.lstrip("/"))]
+    assert locks and all(p.suffix == ".lock" for p in locks)  # the node's GPU locks: empty, read-only
+    assert sorted(p for p in seen if p not in locks) == sorted(
+        Path(p.lstrip("/")) for p in [*PROTECTED, contract.CONTAINER_SHARED_CACHE])
     assert not os.path.exists(tmp_path / "rootfs" / "b")

@@ -33,8 +33,11 @@ def test_the_mounts_deliver_library_preload_limits_and_state(paths):
         MountSpec(contract.CONTAINER_PRELOAD_PATH, str(paths.host_root / "ld.so.preload"), True),
         MountSpec(contract.CONTAINER_LIMITS_PATH, str(cdir / "limits"), True),
         MountSpec(contract.CONTAINER_STATE_DIR, str(cdir / "state"), False),
+        MountSpec(contract.CONTAINER_GPU_LOCK_DIR, str(paths.host_root / "gpu-locks"), True),
     ]
     assert (paths.host_root / "ld.so.preload").read_text() == contract.CONTAINER_LIB_PATH + "\n"
+    lock = paths.host_root / "gpu-locks" / f"{UUID_A}.lock"
+    assert lock.exists() and stat.S_IMODE(lock.stat().st_mode) == 0o444  # flock needs no write access
 
 
 def test_the_limits_file_is_read_only_complete_and_left_without_temporaries(paths):

@@ -5,7 +5,9 @@ when the daemon could not name the container; a new container always starts from
     limits   the read-only limits file (contract.render_limits), replaced atomically
     owner    JSON: the pod and container, and the device IDs they hold (the janitor matches it to PodResources)
     state/   the container's accounting directory (the shim's shared usage file lives here)
-and once per node `<host_root>/ld.so.preload`, naming the library's path inside the container.
+and once per node `<host_root>/ld.so.preload`, naming the library's path inside the container, and
+`<host_root>/gpu-locks/<GPU UUID>.lock` (read-only, shared by every container: the shim's node-wide lock while a
+process finds its NVML pid).
 `<host_root>/containers` is root-only (0700): a host user cannot reach a container's files; the container reaches
 only its own, through its mounts.
 """
@@ -32,6 +34,7 @@ CONTAINERS = "containers"
 LIMITS = "limits"
 STATE = "state"
 PRELOAD = "ld.so.preload"
+GPU_LOCKS = "gpu-locks"
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,20 @@ def _read_limits(path: Path) -> contract.Limits | None:
         return None
 
 
+def _gpu_locks(paths: ShimPaths, uuids: list[str]) -> Path:
+    """The node's per-GPU lock files (empty, read-only: flock needs no write access), shared by every container so
+    that processes starting on one GPU at the same moment take turns to find their NVML pid."""
+    root = Path(paths.host_root) / GPU_LOCKS
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    for uuid in uuids:
+        lock = root / f"{uuid}.lock"
+        if not lock.exists():
+            fd = os.open(lock, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o444)
+            os.close(fd)
+    return root
+
+
 def _write_preload(paths: ShimPaths) -> Path:
     preload = Path(paths.host_root) / PRELOAD
     text = contract.CONTAINER_LIB_PATH + "\n"
@@ -159,6 +176,7 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
     merged = merge_limits(earlier, limits) if earlier else limits
     _write_atomically(limits_path, contract.render_limits(merged), 0o444)
     preload = _write_preload(paths)
+    locks = _gpu_locks(paths, [d.uuid for d in limits.devices])
     log.info("shim for container %s: %s", alloc_id,
              ", ".join(f"{d.uuid} memory {d.memory_limit} bytes, sm {d.sm_limit}%" for d in merged.devices))
     return [
@@ -166,6 +184,7 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
         MountSpec(contract.CONTAINER_PRELOAD_PATH, str(preload), True),
         MountSpec(contract.CONTAINER_LIMITS_PATH, str(limits_path), True),
         MountSpec(contract.CONTAINER_STATE_DIR, str(state), False),
+        MountSpec(contract.CONTAINER_GPU_LOCK_DIR, str(locks), True),
     ]
 
 
