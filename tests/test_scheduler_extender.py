@@ -117,7 +117,8 @@ def test_whole_gpus_need_empty_gpus_and_take_no_slices() -> None:
     out = filter_nodes(st, pod(mem=15), ["n1"])  # GPU 1 is held whole, GPU 0 has 15 free, GPU 2 16
     assert out.passed == ["n1"]
     out = filter_nodes(st, pod(mem=16, core=5), ["n1"])
-    assert filter_nodes(st, pod(count=2), ["n1"]).failed["n1"].endswith("(GPU 1 held whole)")
+    assert filter_nodes(st, pod(count=2), ["n1"]).failed["n1"] == (
+        "GPU 0,2: 1 GPU(s) have nothing on them, 2 whole GPU(s) asked (GPU 1 held whole)")
     assert out.passed == ["n1"]
 
 
