@@ -13,7 +13,7 @@ def test_demo_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "and picks gpu-node-1 (the most free memory)" in out
     assert "the kubelet on gpu-node-1 fails it (UnexpectedAdmissionError)" in out
-    assert "no GPU of this node has room for 6 GiB on one" in out
+    assert "ResourceExhausted" in out  # the node daemon's refusal, in the kubelet's words
     assert "gpu-node-1: GPU 0..3: at most 3 GiB free on one GPU, 6 GiB asked" in out
     assert "bound to gpu-node-2, gpushare.io/scheduled: GPU [3]" in out
     assert "the node daemon puts it on GPU 3" in out
