@@ -157,3 +157,20 @@ def test_a_bad_core_request_reaches_its_pod_whichever_resource_the_kubelet_calls
         alloc.preferred(first, k.available(first), [], {Kind.CORE: 33, Kind.MEM: 1}[first])
     [(pod_name, container, message)] = told.refusals
     assert (pod_name, container) == ("bad", "main") and "gpu-core.percentage 33" in message
+
+
+def test_without_pod_identity_a_mispaired_containers_end_frees_only_its_own_units() -> None:
+    """Node-local pairing can put container B's gpu-core.percentage into the decision of container A (memory
+    only). When A ends, only A's units are free: B's compute on that GPU must still keep it from a whole-GPU pod
+    (bench/churn.py --mode fallback found one GPU given whole while shared)."""
+    node = make_node([4, 15])
+    k = MiniKubelet(node, Allocator(node, pair_window_s=60))
+    gpu0 = node.gpus[0].uuid
+    a = k.admit({Kind.MEM: 2})  # A: memory only, on GPU 0 (binpack)
+    b = k.admit({Kind.CORE: 30, Kind.MEM: 3}, order=[Kind.CORE, Kind.MEM])  # B's core joins A's decision
+    assert b[Kind.CORE].gpus == (gpu0,) and b[Kind.MEM].gpus != (gpu0,)  # B is split: the pairing's known limit
+    k.release(a)  # A ends
+    k.admit({Kind.MEM: 12})  # a memory call shows A's units free (it fits only GPU 1)
+    assert k.allocator.holdings.shared(gpu0)  # B's compute is still there
+    with pytest.raises(RequestError):
+        k.admit({Kind.COUNT: 1})  # GPU 0 holds B's compute, GPU 1 holds memory: no GPU can be had whole

@@ -547,7 +547,10 @@ class Allocator:
         elif must:
             target = next(iter(must))
         else:
-            target = self._with_resync(lambda: self._place_anonymous(kind, avail, size))
+            if self.resync is not None:
+                # placed blind: at least see the other resource as the kubelet does now (one local call)
+                self.resync()
+            target = self._place_anonymous(kind, avail, size)
         free = avail.get(target, set())
         if len(free) < size:
             other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"

@@ -21,9 +21,10 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind
 
 SHARED_KINDS = (Kind.MEM, Kind.CORE)
-RECORD_LAG_S = 0.25  # how long the kubelet may take to show a device it got from us in PodResources
+RECORD_LAG_S = 0.1  # how long the kubelet may take to show a device it got from us in PodResources
 # (it records an Allocate's devices as soon as our answer arrives: milliseconds; a longer grace keeps the
-# devices of short-lived pods out of node allocatable, bench/churn.py --mode fallback)
+# devices of short-lived pods out of node allocatable, bench/churn.py --mode fallback). A holder PodResources has
+# listed once needs no grace: not listed any more, it has ended.
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Holding:
     key: ContainerKey | None
     ids: dict[Kind, dict[str, frozenset[str]]] = field(default_factory=dict)  # kind -> GPU UUID -> IDs
     since: float = field(default_factory=time.monotonic)  # when it got its last devices
+    listed: bool = False  # PodResources has listed its devices since then
 
     def gpus(self) -> set[str]:
         return {uuid for per_gpu in self.ids.values() for uuid in per_gpu}
@@ -56,6 +58,7 @@ class Holdings:
         """Record that `holder` got these devices of `kind` ({GPU UUID: IDs})."""
         h = self._by_holder.setdefault(holder, Holding(holder, key))
         h.since = time.monotonic()
+        h.listed = False
         per_gpu = h.ids.setdefault(kind, {})
         for uuid, ids in groups.items():
             new = frozenset(ids) - per_gpu.get(uuid, frozenset())
@@ -83,6 +86,38 @@ class Holdings:
                             del self._owner[i]
         return h
 
+    def release(self, holder: str, kind: Kind, ids: Iterable[str]) -> Holding | None:
+        """Take some devices of `kind` from a holder (dropping it when nothing is left); the holder, if it was
+        dropped."""
+        h = self._by_holder.get(holder)
+        if h is None:
+            return None
+        gone = set(ids)
+        per_gpu = h.ids.get(kind, {})
+        for uuid in list(per_gpu):
+            mine = per_gpu[uuid] & gone
+            if not mine:
+                continue
+            per_gpu[uuid] = per_gpu[uuid] - mine
+            self._use[kind][uuid].subtract(mine)
+            for i in mine:
+                if self._use[kind][uuid][i] <= 0:
+                    del self._use[kind][uuid][i]
+                owners = self._owner.get(i)
+                if owners is not None:
+                    owners.discard(holder)
+                    if not owners:
+                        del self._owner[i]
+            if not per_gpu[uuid]:
+                del per_gpu[uuid]
+                if all(uuid not in g for g in h.ids.values()):
+                    self._on_gpu[uuid].discard(holder)
+        if not per_gpu:
+            h.ids.pop(kind, None)
+        if not h.ids:
+            return self.drop(holder)
+        return None
+
     def drop_pod(self, pod_uid: str) -> list[Holding]:
         """Forget every container of a pod that ended or was deleted."""
         gone = [h for h in self._by_holder.values() if h.key is not None and h.key.pod_uid == pod_uid]
@@ -99,7 +134,14 @@ class Holdings:
             if used:
                 freed.update(i for i in ids if i in used and i not in must)
         holders = {h for i in freed for h in self._owner.get(i, ())}
-        return [h for h in (self.drop(x) for x in sorted(holders)) if h is not None]
+        dropped = []
+        for x in sorted(holders):
+            h = self._by_holder[x]
+            if h.key is not None:  # one known container: all of it has ended (or was rolled back)
+                dropped.append(self.drop(x))
+            else:  # placed without its pod, it may hold parts of two containers (pairing): free only what is seen
+                dropped.append(self.release(x, kind, freed))
+        return [h for h in dropped if h is not None]
 
     def keep_only(self, held: Mapping[Kind, set[str]], as_of: float | None = None) -> list[Holding]:
         """PodResources says which devices the kubelet has given out: forget holders none of whose devices it
@@ -107,13 +149,21 @@ class Holdings:
         just before: the kubelet records an Allocate only once the plugin answered) are kept."""
         gone = []
         for h in list(self._by_holder.values()):
-            if as_of is not None and h.since > as_of - RECORD_LAG_S:
-                continue
-            mine = [i for kind, per_gpu in h.ids.items() for ids in per_gpu.values() for i in ids
-                    if i not in held.get(kind, set())]
+            unlisted = {kind: {i for ids in per_gpu.values() for i in ids if i not in held.get(kind, ())}
+                        for kind, per_gpu in h.ids.items()}
             total = sum(len(ids) for per_gpu in h.ids.values() for ids in per_gpu.values())
-            if total and len(mine) == total:
-                gone.append(h.holder)
+            missing = sum(len(v) for v in unlisted.values())
+            fresh = as_of is not None and h.since > as_of - RECORD_LAG_S  # the kubelet may not show it yet
+            if total and missing == total:
+                if h.listed or not fresh:  # listed before and not now, or never and long enough: it ended
+                    gone.append(h.holder)
+                continue
+            h.listed = True
+            if missing and h.key is None and not fresh:
+                # placed without its pod, it may hold parts of two containers (pairing): one of them ended
+                for kind, ids in unlisted.items():
+                    if ids:
+                        self.release(h.holder, kind, ids)
         return [h for h in (self.drop(x) for x in gone) if h is not None]
 
     # ------------------------------------------------------------------ reads
