@@ -72,6 +72,11 @@ def _run(lookup: bool, client_kind: str, cpp_binary: Path, admissions: int, warm
             try:
                 if not kubelet.wait_for(lambda k: k.allocatable().get(CORE, 0) == 800, timeout=30):
                     raise RuntimeError("the daemon did not register with the kubelet emulator within 30 s")
+                # The client drives the plugin sockets itself, outside the emulator's books: the kubelet's
+                # PodResources would list none of its containers and the daemon would forget them. Take it away once
+                # registered; the daemon then keeps its view from the calls' available IDs, as it must with a
+                # kubelet that cannot answer.
+                (root / "pr.sock").unlink(missing_ok=True)
                 sockets = {res: root / "dp" / socket_name("aliyun.com", kind)
                            for res, kind in ((MEM, Kind.MEM), (CORE, Kind.CORE))}
                 client: DrivenClient

@@ -131,6 +131,7 @@ class Allocator:
     # of room, since only a call of the same resource shows its devices free again (a gpu-count pod that ended
     # frees its GPU for gpu-mem too, but no gpu-count call may come to say so).
     resync: Callable[[], object] | None = None
+    refresh: Callable[[], object] | None = None  # resync() unless the view was read from the kubelet a moment ago
     # Told how each pod lookup ended (LOOKUP_OUTCOMES), for metrics; called under the lock, must not block.
     on_lookup: Callable[[str], object] = field(default=lambda outcome: None)
 
@@ -547,9 +548,9 @@ class Allocator:
         elif must:
             target = next(iter(must))
         else:
-            if self.resync is not None:
+            if self.refresh is not None:
                 # placed blind: at least see the other resource as the kubelet does now (one local call)
-                self.resync()
+                self.refresh()
             target = self._place_anonymous(kind, avail, size)
         free = avail.get(target, set())
         if len(free) < size:

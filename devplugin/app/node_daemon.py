@@ -140,6 +140,7 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     sync = NodeSync(allocator, cfg.pod_resources_socket, link.pod_list,
                     interval_s=SYNC_INTERVAL_S if link.pods is not None else SYNC_INTERVAL_ALONE_S)
     allocator.resync = sync.sync
+    allocator.refresh = sync.refresh
     if reporter is not None:
         reporter.snapshot = allocator.snapshot
     if metrics is not None:

@@ -52,6 +52,8 @@ class NodeSync:
         self.pods = pods
         self.interval_s = interval_s
         self.synced = threading.Event()
+        self.last_sync = float("-inf")  # time.monotonic() of the last successful read
+        self.last_attempt = float("-inf")
         self._poke = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="node-sync", daemon=True)
@@ -59,17 +61,25 @@ class NodeSync:
     def sync(self) -> bool:
         """One round; False when the kubelet's PodResources could not be read."""
         node = self.allocator.node
-        asked = time.monotonic()
+        asked = self.last_attempt = time.monotonic()
         found = list_containers(self.socket, {node.resource_name(k) for k in node.kinds})
         if found is None:
             return False
         self.allocator.reconcile(by_kind(node, found), self.pods(), as_of=asked)
+        self.last_sync = asked
         if not self.synced.is_set():
             held = sum(len(ids) for c in found for ids in c.devices.values())
             log.info("node state known: %d container(s) hold %d device(s)", len(found), held,
                      extra={"fields": {"containers": len(found), "devices": held}})
         self.synced.set()
         return True
+
+    def refresh(self, max_age_s: float = 0.25) -> bool:
+        """sync() unless the last one is younger than max_age_s (many admissions a second share one read)."""
+        now = time.monotonic()
+        if now - self.last_sync < max_age_s or now - self.last_attempt < max_age_s:
+            return True
+        return self.sync()
 
     def start(self) -> None:
         self._thread.start()
