@@ -127,12 +127,13 @@ class Holdings:
                           must_include: Iterable[str] = ()) -> list[Holding]:
         """The kubelet offers these devices as free: whoever we thought held them has ended (or was rolled back by
         the kubelet). Devices in `must_include` are the kubelet reusing a pod's own devices: not a release."""
-        must = set(must_include)
         freed: set[str] = set()
         for uuid, ids in available.items():
             used = self._use[kind].get(uuid)
             if used:
-                freed.update(i for i in ids if i in used and i not in must)
+                freed |= ids & used.keys()  # set operations: this runs on every call, over hundreds of IDs
+        if freed and must_include:
+            freed -= set(must_include)
         holders = {h for i in freed for h in self._owner.get(i, ())}
         dropped = []
         for x in sorted(holders):

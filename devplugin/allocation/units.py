@@ -29,6 +29,10 @@ class Kind(enum.Enum):
     CORE = "gpu-core.percentage"
     COUNT = "gpu-count"
 
+    # Members are singletons: hash by identity (Enum's own __hash__ runs Python code on every dict lookup, and the
+    # admission path looks kinds up hundreds of thousands of times).
+    __hash__ = object.__hash__
+
     @property
     def code(self) -> str:
         return {"gpu-mem": "m", "gpu-core.percentage": "c", "gpu-count": "g"}[self.value]

@@ -24,26 +24,40 @@ SHARED = "shared"
 
 
 class DeviceBoard:
-    """Per-GPU health and the ListAndWatch message of each resource, with a version that bumps on change."""
+    """Per-GPU health and the ListAndWatch message of each resource, each with a version that bumps when that
+    resource's message changes (a GPU going from free to shared changes only gpu-count's: the gpu-mem and
+    gpu-core.percentage streams, with their thousands of devices, are not rebuilt nor re-sent)."""
 
     def __init__(self, node: Node) -> None:
         self._node = node
         self._cond = threading.Condition()
-        self._version = 0
+        self._versions: dict[Kind, int] = {kind: 0 for kind in node.kinds}
         self._closed = False
         self._unhealthy: dict[str, str] = {}  # uuid -> reason
         self._occupancy: dict[str, str] = {}  # uuid -> WHOLE | SHARED (absent: free)
         self._ids = {kind: {g.uuid: device_ids(g, kind, node.unit) for g in node.gpus} for kind in node.kinds}
         self._messages: dict[Kind, api_pb2.ListAndWatchResponse] = {}
-        self._rebuild()
+        self._rebuild(self._node.kinds)
 
-    def _rebuild(self) -> None:
-        for kind, per_gpu in self._ids.items():
+    def _health(self, kind: Kind, uuid: str, occupancy: dict[str, str]) -> str:
+        held_other_way = occupancy.get(uuid) == (SHARED if kind is Kind.COUNT else WHOLE)
+        return UNHEALTHY if uuid in self._unhealthy or held_other_way else HEALTHY
+
+    def _changed(self, kinds: tuple[Kind, ...] | list[Kind]) -> None:
+        """Rebuild these resources' messages and wake their streams (under the condition's lock)."""
+        if not kinds:
+            return
+        self._rebuild(kinds)
+        for kind in kinds:
+            self._versions[kind] += 1
+        self._cond.notify_all()
+
+    def _rebuild(self, kinds: tuple[Kind, ...] | list[Kind]) -> None:
+        for kind in kinds:
+            per_gpu = self._ids[kind]
             devices = []
             for gpu in self._node.gpus:
-                taken = self._occupancy.get(gpu.uuid)
-                held_other_way = taken == (SHARED if kind is Kind.COUNT else WHOLE)
-                health = UNHEALTHY if gpu.uuid in self._unhealthy or held_other_way else HEALTHY
+                health = self._health(kind, gpu.uuid, self._occupancy)
                 topo = None
                 if gpu.numa_node is not None:
                     topo = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=gpu.numa_node)])
@@ -59,9 +73,7 @@ class DeviceBoard:
                 del self._unhealthy[uuid]
             else:
                 self._unhealthy[uuid] = reason
-            self._rebuild()
-            self._version += 1
-            self._cond.notify_all()
+            self._changed(self._node.kinds)
         gpu = self._node.by_uuid[uuid]
         log.warning(
             "GPU %d is now %s: %s", gpu.index, HEALTHY if healthy else UNHEALTHY, reason,
@@ -83,26 +95,27 @@ class DeviceBoard:
         with self._cond:
             if occupancy == self._occupancy:
                 return False
+            touched = {u for u in set(occupancy) | set(self._occupancy) if occupancy.get(u) != self._occupancy.get(u)}
+            kinds = [k for k in self._node.kinds
+                     if any(self._health(k, u, occupancy) != self._health(k, u, self._occupancy) for u in touched)]
             self._occupancy = dict(occupancy)
-            self._rebuild()
-            self._version += 1
-            self._cond.notify_all()
+            self._changed(kinds)
         return True
 
     def snapshot(self, kind: Kind) -> tuple[int, api_pb2.ListAndWatchResponse]:
         with self._cond:
-            return self._version, self._messages[kind]
+            return self._versions[kind], self._messages[kind]
 
     def wait_change(
         self, kind: Kind, seen: int, alive: threading.Event
     ) -> tuple[int, api_pb2.ListAndWatchResponse] | None:
-        """Block until the version moves past `seen`; None when closed or `alive` is cleared. No polling."""
+        """Block until `kind`'s version moves past `seen`; None when closed or `alive` is cleared. No polling."""
         with self._cond:
-            while self._version == seen and not self._closed and alive.is_set():
+            while self._versions[kind] == seen and not self._closed and alive.is_set():
                 self._cond.wait()
             if self._closed or not alive.is_set():
                 return None
-            return self._version, self._messages[kind]
+            return self._versions[kind], self._messages[kind]
 
     def wake(self) -> None:
         """Wake every waiting stream (a stream ended or the daemon stops)."""
