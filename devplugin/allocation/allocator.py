@@ -551,7 +551,7 @@ class Allocator:
             if self.refresh is not None:
                 # placed blind: at least see the other resource as the kubelet does now (one local call)
                 self.refresh()
-            target = self._place_anonymous(kind, avail, size)
+            target = self._with_resync(lambda: self._place_anonymous(kind, avail, size))
         free = avail.get(target, set())
         if len(free) < size:
             other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"
