@@ -75,16 +75,21 @@ class Holdings:
         for kind, per_gpu in h.ids.items():
             for uuid, ids in per_gpu.items():
                 self._on_gpu[uuid].discard(holder)
-                self._use[kind][uuid].subtract(ids)
-                for i in ids:
-                    if self._use[kind][uuid][i] <= 0:
-                        del self._use[kind][uuid][i]
-                    owners = self._owner.get(i)
-                    if owners is not None:
-                        owners.discard(holder)
-                        if not owners:
-                            del self._owner[i]
+                self._uncount(holder, kind, uuid, ids)
         return h
+
+    def _uncount(self, holder: str, kind: Kind, uuid: str, ids: Iterable[str]) -> None:
+        """These devices are no longer `holder`'s (a device two holders share stays counted once for the other)."""
+        use = self._use[kind][uuid]
+        for i in ids:
+            use[i] -= 1
+            if use[i] <= 0:
+                del use[i]
+            owners = self._owner.get(i)
+            if owners is not None:
+                owners.discard(holder)
+                if not owners:
+                    del self._owner[i]
 
     def release(self, holder: str, kind: Kind, ids: Iterable[str]) -> Holding | None:
         """Take some devices of `kind` from a holder (dropping it when nothing is left); the holder, if it was
@@ -99,15 +104,7 @@ class Holdings:
             if not mine:
                 continue
             per_gpu[uuid] = per_gpu[uuid] - mine
-            self._use[kind][uuid].subtract(mine)
-            for i in mine:
-                if self._use[kind][uuid][i] <= 0:
-                    del self._use[kind][uuid][i]
-                owners = self._owner.get(i)
-                if owners is not None:
-                    owners.discard(holder)
-                    if not owners:
-                        del self._owner[i]
+            self._uncount(holder, kind, uuid, mine)
             if not per_gpu[uuid]:
                 del per_gpu[uuid]
                 if all(uuid not in g for g in h.ids.values()):
