@@ -22,8 +22,9 @@ def pod(name: str, **limits: int) -> PodSpec:
 def test_fallback_units_come_back_when_a_whole_gpu_pod_ends() -> None:
     """Without an apiserver only PodResources tells the daemon that a gpu-count pod ended (the kubelet calls no
     plugin to free devices): the freed GPU's units must come back to node allocatable within a few seconds."""
-    # 2 GPUs of 4 GiB: A takes one whole, B holds 1 GiB and 50 % of the other; A ends; C (3 GiB, 60 %) fits only
-    # on A's GPU.
+    # 2 GPUs of 4 GiB: A takes one whole, B holds 1 GiB and 50 % of the other; A ends; C (4 GiB) fits only on A's
+    # GPU. (C asks for memory only: with two resources the pairing fallback may place the first one blind, its known
+    # limit, which is not what this test is about.)
     with running(seed_node(2, 4096), seed=3) as r:
         assert r.registered_all()
         a = pod("a", count=1)
@@ -33,7 +34,7 @@ def test_fallback_units_come_back_when_a_whole_gpu_pod_ends() -> None:
         r.kubelet.remove_pod(a.uid)
         came_back = r.kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 8, timeout=WAIT_S)
         try:
-            r.kubelet.admit(pod("c", mem=3, core=60))
+            r.kubelet.admit(pod("c", mem=4))
             refusal = ""
         except AdmissionError as err:
             refusal = str(err)
