@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from devplugin import contract
-from devplugin.allocation.allocator import MountSpec
+from devplugin.allocation.ports import MountSpec
 from devplugin.isolation.shim_files import Owner, ShimPaths, cleanup, prepare_container
 from tests.shim_probe import GiB, make_node, run
 

@@ -4,7 +4,8 @@ The gRPC servicers are thin wrappers over `Allocator.preferred` and `Allocator.a
 directly. On the first call of a container's admission the pod cache says which container it is (identity.py);
 its whole request is placed at once (planner.py) and every later call for it is answered from that decision,
 whatever order the kubelet calls the resources in. Without a pod cache, or when the container cannot be found
-within the lookup budget, the daemon falls back to node-local pairing (pairing.py) and says so.
+within the lookup budget, the daemon falls back to node-local pairing (fallback.py, pairing.py) and says so.
+PodResources keeps the node view in step with the kubelet (view_sync.py); the interfaces are in ports.py.
 
 All state changes happen under one lock (the kubelet serialises admissions anyway). Nothing is committed before
 everything that can fail has succeeded.
@@ -17,19 +18,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from devplugin.allocation.choice import scheduler_choice
-from devplugin.allocation.decision import ContainerKey, Decision, key_of, state_dir_name
-from devplugin.allocation.envs import container_envs, decision_envs
+from devplugin.allocation.decision import ContainerKey, Decision, key_of
+from devplugin.allocation.envs import decision_envs
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
-from devplugin.allocation.holdings import Holding, Holdings
-from devplugin.allocation.identity import find_container, next_app_container, recorded_containers
+from devplugin.allocation.fallback import PARTNER_MINIMUM, PairingFallback, _check_size
+from devplugin.allocation.holdings import Holdings
+from devplugin.allocation.identity import find_container, next_app_container
 from devplugin.allocation.idsets import gpu_label, group_ids, id_index
 from devplugin.allocation.node import Node
 from devplugin.allocation.pairing import PairingBook
-from devplugin.allocation.placement import RecentShares, pick_gpu, pick_units, pick_whole_gpus
+from devplugin.allocation.placement import RecentShares, pick_units
 from devplugin.allocation.planner import Need, Room, place
+from devplugin.allocation.ports import Grant, HeldDevices, MountProvider, MountSpec, PodLookup, Reporter
 from devplugin.allocation.requests import (
     ContainerRequest,
     PodRequest,
@@ -37,89 +40,20 @@ from devplugin.allocation.requests import (
     check_core,
     per_gpu_share,
 )
-from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
+from devplugin.allocation.units import Kind
+from devplugin.allocation.view_sync import ViewSync
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-PARTNER_MINIMUM = {Kind.MEM: 1, Kind.CORE: CORE_STEP}
 REFUSED_TTL_S = 300.0  # a refused container is not matched again while its pod still looks pending
 # How a pod lookup ends: the cached pods named the container, a direct LIST did, the apiserver answered but no
 # pending container matches, or it did not answer within the budget (the last two place by node-local pairing).
 LOOKUP_OUTCOMES = ("cache", "direct", "not_found", "no_answer")
 
 
-@dataclass(frozen=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool
-
-
-@dataclass(frozen=True)
-class Grant:
-    """What one Allocate gives a container."""
-
-    gpus: tuple[str, ...]
-    device_ids: tuple[str, ...]
-    envs: dict[str, str]
-    mounts: tuple[MountSpec, ...] = ()
-    decision: Decision | None = None
-
-
-# Called on each shared Allocate with (decision, node, this call's IDs) before anything is committed -> mounts;
-# the shim delivery plugs in here.
-MountProvider = Callable[[Decision, Node, Sequence[str]], Sequence[MountSpec]]
-
-
-class HeldDevices(Protocol):
-    """A container the kubelet lists as holding devices (PodResources); read only."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def pod(self) -> str: ...
-    @property
-    def container(self) -> str: ...
-    @property
-    def devices(self) -> Mapping[Kind, Sequence[str]]: ...
-
-
-class PodLookup(Protocol):
-    """The pods bound to this node (the pod cache)."""
-
-    def pods(self) -> list[PodRequest] | None:
-        """A snapshot without I/O; None while the cache has no view of the node's pods."""
-
-    def fetch_now(self, budget_s: float) -> list[PodRequest] | None:
-        """One direct read of the node's pods within the budget; None when the apiserver did not answer."""
-
-
-class Reporter:
-    """What the daemon tells the cluster (annotations, Events, node usage); the kube layer overrides it.
-    Every method is called under the allocator's lock and must not block."""
-
-    def placed(self, decision: Decision, node: Node) -> None:
-        pass
-
-    def refused(self, pod: PodRequest | None, container: str | None, message: str) -> None:
-        pass
-
-    def warning(self, pod: PodRequest, reason: str, message: str) -> None:
-        pass
-
-    def unidentified(self, kind: Kind, amount: int, why: str) -> None:
-        pass
-
-    def occupancy_changed(self, holdings: Holdings) -> None:
-        pass
-
-    def record_holding(self, pod: PodRequest, holding: Holding, node: Node) -> None:
-        """Record on the pod a container learned from the kubelet (restart, or placed without lookup)."""
-
-
 @dataclass
-class Allocator:
+class Allocator(PairingFallback, ViewSync):
     node: Node
     pair_window_s: float = 1.0
     mounts: MountProvider | None = None
@@ -218,80 +152,6 @@ class Allocator:
                          extra={"fields": {"pod_uid": pod_uid,
                                            "containers": ",".join(str(h.key) for h in gone)}})
                 self.reporter.occupancy_changed(self.holdings)
-
-    def restore(self, key: ContainerKey | None, holder: str, held: Mapping[Kind, Sequence[str]]) -> None:
-        """A container the kubelet says holds these devices (PodResources after a restart)."""
-        with self._lock:
-            for kind, ids in held.items():
-                known = id_index(self.node, kind).every
-                strangers = [i for i in ids if i not in known]
-                if strangers:
-                    log.warning("ignoring %d held %s devices this node does not advertise, e.g. %r",
-                                len(strangers), self.node.resource_name(kind), strangers[0])
-                good = [i for i in dict.fromkeys(ids) if i in known]
-                if good:
-                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
-            self.reporter.occupancy_changed(self.holdings)
-
-    def keep_only(self, held: Mapping[Kind, set[str]]) -> None:
-        """PodResources lists every device the kubelet has given out: forget containers it no longer lists."""
-        with self._lock:
-            if self.holdings.keep_only(held):
-                self.reporter.occupancy_changed(self.holdings)
-
-    def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
-                  as_of: float | None = None) -> None:
-        """The kubelet's PodResources (every container holding our devices, by namespace, pod and container name)
-        joined with the pod cache: forget containers the kubelet no longer lists, learn those it lists that we do
-        not know (after a restart), name containers placed without pod lookup, and write every decision that is
-        not recorded on its pod yet. `as_of`: when PodResources was asked (containers placed since are kept)."""
-        by_name = {(p.namespace, p.name): p for p in pods or () if not p.finished}
-        with self._lock:
-            every: dict[Kind, set[str]] = {k: set() for k in Kind}
-            for entry in held:
-                for kind, ids in entry.devices.items():
-                    every[kind].update(ids)
-            changed = bool(self.holdings.keep_only(every, as_of))
-            for entry in held:
-                changed |= self._reconcile_one(entry, by_name.get((entry.namespace, entry.pod)))
-            if changed:
-                self.reporter.occupancy_changed(self.holdings)
-
-    def _reconcile_one(self, entry: HeldDevices, pod: PodRequest | None) -> bool:
-        key = ContainerKey(pod.uid, entry.container, entry.namespace, entry.pod) if pod else None
-        ids = [i for kind_ids in entry.devices.values() for i in kind_ids]
-        owners = self.holdings.owners(ids)
-        changed = False
-        if not owners:
-            holder = state_dir_name(key) if key else f"held-{abs(hash((entry.namespace, entry.pod, entry.container)))}"
-            for kind, kind_ids in entry.devices.items():
-                known = id_index(self.node, kind).every
-                good = [i for i in dict.fromkeys(kind_ids) if i in known]
-                if good:
-                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
-                    changed = True
-            owners = {holder}
-            if key:
-                log.info("container %s holds devices (learned from the kubelet)", key,
-                         extra={"fields": {"pod": f"{key.namespace}/{key.pod}", "container": key.container}})
-        if pod is None or key is None:
-            return changed
-        for holder in owners:
-            h = self.holdings.get(holder)
-            if h is None:
-                continue
-            if h.key is None:
-                h.key = key
-                self.reporter.warning(pod, "PlacedWithoutPodLookup",
-                                      f"container {entry.container} was placed by node-local pairing because the "
-                                      "apiserver could not be asked in time; its devices are recorded now")
-            if h.key == key and entry.container not in recorded_containers(pod):
-                self.reporter.record_holding(pod, h, self.node)
-        return changed
-
-    def mark_allocated(self, kind: Kind, ids: Sequence[str]) -> None:
-        """Devices already held by containers we cannot name (PodResources without pod names)."""
-        self.restore(None, f"held-{kind.code}-{len(self.holdings.holders())}", {kind: ids})
 
     # ================================================================== which container
     def _taken(self) -> set[tuple[str, str]]:
@@ -528,131 +388,5 @@ class Allocator:
                                                "devices": len(ids), "container": dec.label(),
                                                "state_dir": dec.dir_name}})
 
-    # ================================================================== node-local pairing (no pod identity)
-    def _anonymous_preferred(self, kind: Kind, avail: dict[str, set[str]], must: dict[str, set[str]],
-                             size: int) -> list[str]:
-        if kind is Kind.COUNT:
-            self.book.current(kind, for_allocate=False)
-            return self._with_resync(lambda: self._preferred_whole(avail, must, size))
-        res = self.node.resource_name(kind)
-        if len(must) > 1:
-            raise RequestError(f"{res}: must-include IDs span {len(must)} GPUs; one container's share is on one GPU")
-        dec = self.book.current(kind, for_allocate=False)
-        if dec is not None:
-            target = dec.gpus[0]
-            if must and target not in must:
-                raise PairingConflict(
-                    f"{res}: the kubelet requires devices on {gpu_label(self.node, next(iter(must)))} but this "
-                    f"container's other resource is on {gpu_label(self.node, target)}"
-                )
-        elif must:
-            target = next(iter(must))
-        else:
-            if self.refresh is not None:
-                # placed blind: at least see the other resource as the kubelet does now (one local call)
-                self.refresh()
-            target = self._with_resync(lambda: self._place_anonymous(kind, avail, size))
-        free = avail.get(target, set())
-        if len(free) < size:
-            other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"
-            raise PairingConflict(
-                f"{res}: this container asks for {size} but {gpu_label(self.node, target)}, chosen for its "
-                f"{other}, has only {len(free)} free; a container's gpu-mem and gpu-core.percentage must fit "
-                "on one GPU: lower the request or free room on that GPU"
-            )
-        ids = pick_units(free, must.get(target, set()), size, key=id_index(self.node, kind).unit.__getitem__)
-        if dec is None:
-            dec = self.book.open((target,))
-        dec.preferred[kind] = ids
-        return ids
 
-    def _place_anonymous(self, kind: Kind, avail: dict[str, set[str]], size: int) -> str:
-        """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use."""
-        partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
-        pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
-        usable = {uuid: len(units) for uuid, units in avail.items()
-                  if not self.holdings.whole(uuid) and self.healthy(uuid)}
-        target = None
-        # The other half of the container comes later, its size unknown: first keep room for what recent
-        # containers asked (replicas of one workload ask alike), then settle for the smallest possible share.
-        for reserve in ((self.recent.reserve(partner), PARTNER_MINIMUM[partner]) if pair else (0,)):
-            room = {u: free for u, free in usable.items() if self.holdings.free(partner, u) >= reserve}
-            target = pick_gpu(self.node, room, size, self.node.placement)
-            if target is not None:
-                break
-        if target is None:
-            detail = ", ".join(
-                f"GPU {self.node.by_uuid[u].index}: {len(avail.get(u, []))}"
-                + (" (held whole)" if self.holdings.whole(u) else "")
-                for u in self.node.by_uuid
-            )
-            raise NoRoom(
-                f"{self.node.resource_name(kind)}: no single GPU has {size} free units ({detail}); a container's "
-                "share must fit on one GPU: lower the request or wait for room"
-            )
-        return target
-
-    def _preferred_whole(self, avail: dict[str, set[str]], must: dict[str, set[str]], size: int) -> list[str]:
-        res = self.node.resource_name(Kind.COUNT)
-        candidates = [u for u in avail if not self.holdings.shared(u) and self.healthy(u)]
-        busy = [u for u in must if u not in candidates]
-        if busy:
-            raise PairingConflict(f"{res}: {gpu_label(self.node, busy[0])} is shared by other containers")
-        chosen = pick_whole_gpus(self.node, candidates, list(must), size)
-        if chosen is None:
-            raise NoRoom(
-                f"{res}: {size} whole GPU(s) requested but only {len(candidates)} have no shared containers "
-                f"(of {len(avail)} not given whole); wait for shared pods to end or ask for fewer"
-            )
-        return [encode_id(u, Kind.COUNT) for u in chosen]
-
-    def _anonymous_allocate(self, kind: Kind, ids: Sequence[str], groups: dict[str, set[str]]) -> Grant:
-        res = self.node.resource_name(kind)
-        if kind is Kind.COUNT:
-            uuids = tuple(groups)
-        else:
-            if len(groups) > 1:
-                names = ", ".join(str(self.node.by_uuid[u].index) for u in groups)
-                raise RequestError(
-                    f"{res}: IDs from GPUs {names} for a one-GPU request; a container's share must come from one "
-                    "GPU (the kubelet picked them without this plugin's preference: check that the kubelet "
-                    "calls GetPreferredAllocation)"
-                )
-            uuids = (next(iter(groups)),)
-            _check_size(self.node, kind, len(ids))
-        dec = self.book.current(kind, for_allocate=True)
-        if dec is not None and dec.gpus != uuids:
-            have = next(iter(dec.allocated or dec.preferred))
-            raise PairingConflict(
-                f"{res}: this container's {have.value} is on {gpu_label(self.node, dec.gpus[0])} but its "
-                f"{kind.value} devices are on {gpu_label(self.node, uuids[0])}; both must share one GPU "
-                "(retry the pod; if it keeps failing, the GPU it was scheduled for lacks room)"
-            )
-        target = dec if dec is not None else Decision(gpus=uuids)
-        self._recheck(target, kind, groups, ids)
-        trial = Decision(gpus=target.gpus, allocated={**target.allocated, kind: list(ids)}, dir_name=target.dir_name)
-        envs = container_envs(self.node, kind, uuids, len(ids))
-        mounts = self._mounts(trial, kind, ids)
-        if dec is None:
-            dec = self.book.adopt(target)
-        self.holdings.add(dec.dir_name, None, kind, groups)
-        self.book.allocated(dec, kind, list(ids))
-        if kind is not Kind.COUNT:
-            self.recent.add(kind, len(ids))
-        self.reporter.occupancy_changed(self.holdings)
-        self._log_grant(dec, kind, ids)
-        return Grant(uuids, tuple(ids), envs, mounts, dec)
-
-
-def _check_size(node: Node, kind: Kind, size: int, per_gpu: bool = True) -> None:
-    """Sizes no container may ask for; `per_gpu`: the share must also fit one GPU (no multi-GPU split known)."""
-    res = node.resource_name(kind)
-    if size <= 0:
-        raise RequestError(f"{res}: allocation size must be positive, got {size}")
-    if kind is Kind.CORE and (size % CORE_STEP or (per_gpu and size > CORE_UNITS_PER_GPU)):
-        raise RequestError(
-            f"{res}: {size} is not a valid compute share; ask for a multiple of {CORE_STEP} from {CORE_STEP} "
-            f"to {CORE_UNITS_PER_GPU} (percent of one GPU)", reason="core_share"
-        )
-    if kind is Kind.COUNT and size > len(node.gpus):
-        raise NoRoom(f"{res}: {size} GPUs requested but this node has {len(node.gpus)}")
+__all__ = ["Allocator", "Grant", "HeldDevices", "MountProvider", "MountSpec", "PodLookup", "Reporter"]

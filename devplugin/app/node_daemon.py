@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devplugin.allocation.allocator import Allocator, MountProvider, Reporter
+from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.node import Node
+from devplugin.allocation.ports import MountProvider, Reporter
 from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import check_message_size
 from devplugin.app.config import Config

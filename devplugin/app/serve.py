@@ -13,8 +13,8 @@ import signal
 import threading
 from pathlib import Path
 
-from devplugin.allocation.allocator import MountProvider
 from devplugin.allocation.node import MODES
+from devplugin.allocation.ports import MountProvider
 from devplugin.allocation.units import UnitTooFine
 from devplugin.app.config import Config
 from devplugin.app.health_server import HealthServer

@@ -11,9 +11,9 @@ import threading
 from collections.abc import Sequence
 
 from devplugin import contract
-from devplugin.allocation.allocator import MountProvider, MountSpec
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.node import Node
+from devplugin.allocation.ports import MountProvider, MountSpec
 from devplugin.allocation.units import Kind
 from devplugin.isolation.shim_files import Owner, ShimPaths, cleanup, prepare_container
 from devplugin.kube.podresources import containers_devices

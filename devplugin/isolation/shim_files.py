@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from devplugin import contract
-from devplugin.allocation.allocator import MountSpec
+from devplugin.allocation.ports import MountSpec
 
 log = logging.getLogger(__name__)
 

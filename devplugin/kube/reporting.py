@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from devplugin import contract as c
-from devplugin.allocation.allocator import Reporter
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.holdings import Holding, Holdings
 from devplugin.allocation.node import Node
+from devplugin.allocation.ports import Reporter
 from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import Kind
 from devplugin.deviceplugin.devices import SHARED, WHOLE

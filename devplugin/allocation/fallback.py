@@ -1,0 +1,178 @@
+"""Node-local pairing, the fallback when the pod cache cannot name the container (no apiserver, or not within the
+lookup budget): the calls of one container are paired by arrival (pairing.py), its first resource placed with room
+kept for a second of recent size. Part of Allocator (allocator.py), which holds the state it works on."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from devplugin.allocation.decision import Decision
+from devplugin.allocation.envs import container_envs
+from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
+from devplugin.allocation.holdings import Holdings
+from devplugin.allocation.idsets import gpu_label, id_index
+from devplugin.allocation.node import Node
+from devplugin.allocation.pairing import PairingBook
+from devplugin.allocation.placement import RecentShares, pick_gpu, pick_units, pick_whole_gpus
+from devplugin.allocation.ports import Grant, MountSpec, Reporter
+from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
+
+T = TypeVar("T")
+PARTNER_MINIMUM = {Kind.MEM: 1, Kind.CORE: CORE_STEP}
+
+
+class PairingFallback:
+    """The node-local pairing half of Allocator."""
+
+    node: Node
+    holdings: Holdings
+    book: PairingBook
+    recent: RecentShares
+    reporter: Reporter
+    healthy: Callable[[str], bool]
+    refresh: Callable[[], object] | None
+    _lock: threading.RLock
+
+    if TYPE_CHECKING:  # Allocator's own, shared with the pod-identity path
+        def _with_resync(self, attempt: Callable[[], T]) -> T:
+            raise NotImplementedError
+
+        def _recheck(self, dec: Decision, kind: Kind, groups: Mapping[str, set[str]], ids: Sequence[str]) -> None:
+            raise NotImplementedError
+
+        def _mounts(self, dec: Decision, kind: Kind, ids: Sequence[str]) -> tuple[MountSpec, ...]:
+            raise NotImplementedError
+
+        def _log_grant(self, dec: Decision, kind: Kind, ids: Sequence[str]) -> None:
+            raise NotImplementedError
+
+    def _anonymous_preferred(self, kind: Kind, avail: dict[str, set[str]], must: dict[str, set[str]],
+                             size: int) -> list[str]:
+        if kind is Kind.COUNT:
+            self.book.current(kind, for_allocate=False)
+            return self._with_resync(lambda: self._preferred_whole(avail, must, size))
+        res = self.node.resource_name(kind)
+        if len(must) > 1:
+            raise RequestError(f"{res}: must-include IDs span {len(must)} GPUs; one container's share is on one GPU")
+        dec = self.book.current(kind, for_allocate=False)
+        if dec is not None:
+            target = dec.gpus[0]
+            if must and target not in must:
+                raise PairingConflict(
+                    f"{res}: the kubelet requires devices on {gpu_label(self.node, next(iter(must)))} but this "
+                    f"container's other resource is on {gpu_label(self.node, target)}"
+                )
+        elif must:
+            target = next(iter(must))
+        else:
+            if self.refresh is not None:
+                # placed blind: at least see the other resource as the kubelet does now (one local call)
+                self.refresh()
+            target = self._with_resync(lambda: self._place_anonymous(kind, avail, size))
+        free = avail.get(target, set())
+        if len(free) < size:
+            other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"
+            raise PairingConflict(
+                f"{res}: this container asks for {size} but {gpu_label(self.node, target)}, chosen for its "
+                f"{other}, has only {len(free)} free; a container's gpu-mem and gpu-core.percentage must fit "
+                "on one GPU: lower the request or free room on that GPU"
+            )
+        ids = pick_units(free, must.get(target, set()), size, key=id_index(self.node, kind).unit.__getitem__)
+        if dec is None:
+            dec = self.book.open((target,))
+        dec.preferred[kind] = ids
+        return ids
+
+    def _place_anonymous(self, kind: Kind, avail: dict[str, set[str]], size: int) -> str:
+        """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use."""
+        partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
+        pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
+        usable = {uuid: len(units) for uuid, units in avail.items()
+                  if not self.holdings.whole(uuid) and self.healthy(uuid)}
+        target = None
+        # The other half of the container comes later, its size unknown: first keep room for what recent
+        # containers asked (replicas of one workload ask alike), then settle for the smallest possible share.
+        for reserve in ((self.recent.reserve(partner), PARTNER_MINIMUM[partner]) if pair else (0,)):
+            room = {u: free for u, free in usable.items() if self.holdings.free(partner, u) >= reserve}
+            target = pick_gpu(self.node, room, size, self.node.placement)
+            if target is not None:
+                break
+        if target is None:
+            detail = ", ".join(
+                f"GPU {self.node.by_uuid[u].index}: {len(avail.get(u, []))}"
+                + (" (held whole)" if self.holdings.whole(u) else "")
+                for u in self.node.by_uuid
+            )
+            raise NoRoom(
+                f"{self.node.resource_name(kind)}: no single GPU has {size} free units ({detail}); a container's "
+                "share must fit on one GPU: lower the request or wait for room"
+            )
+        return target
+
+    def _preferred_whole(self, avail: dict[str, set[str]], must: dict[str, set[str]], size: int) -> list[str]:
+        res = self.node.resource_name(Kind.COUNT)
+        candidates = [u for u in avail if not self.holdings.shared(u) and self.healthy(u)]
+        busy = [u for u in must if u not in candidates]
+        if busy:
+            raise PairingConflict(f"{res}: {gpu_label(self.node, busy[0])} is shared by other containers")
+        chosen = pick_whole_gpus(self.node, candidates, list(must), size)
+        if chosen is None:
+            raise NoRoom(
+                f"{res}: {size} whole GPU(s) requested but only {len(candidates)} have no shared containers "
+                f"(of {len(avail)} not given whole); wait for shared pods to end or ask for fewer"
+            )
+        return [encode_id(u, Kind.COUNT) for u in chosen]
+
+    def _anonymous_allocate(self, kind: Kind, ids: Sequence[str], groups: dict[str, set[str]]) -> Grant:
+        res = self.node.resource_name(kind)
+        if kind is Kind.COUNT:
+            uuids = tuple(groups)
+        else:
+            if len(groups) > 1:
+                names = ", ".join(str(self.node.by_uuid[u].index) for u in groups)
+                raise RequestError(
+                    f"{res}: IDs from GPUs {names} for a one-GPU request; a container's share must come from one "
+                    "GPU (the kubelet picked them without this plugin's preference: check that the kubelet "
+                    "calls GetPreferredAllocation)"
+                )
+            uuids = (next(iter(groups)),)
+            _check_size(self.node, kind, len(ids))
+        dec = self.book.current(kind, for_allocate=True)
+        if dec is not None and dec.gpus != uuids:
+            have = next(iter(dec.allocated or dec.preferred))
+            raise PairingConflict(
+                f"{res}: this container's {have.value} is on {gpu_label(self.node, dec.gpus[0])} but its "
+                f"{kind.value} devices are on {gpu_label(self.node, uuids[0])}; both must share one GPU "
+                "(retry the pod; if it keeps failing, the GPU it was scheduled for lacks room)"
+            )
+        target = dec if dec is not None else Decision(gpus=uuids)
+        self._recheck(target, kind, groups, ids)
+        trial = Decision(gpus=target.gpus, allocated={**target.allocated, kind: list(ids)}, dir_name=target.dir_name)
+        envs = container_envs(self.node, kind, uuids, len(ids))
+        mounts = self._mounts(trial, kind, ids)
+        if dec is None:
+            dec = self.book.adopt(target)
+        self.holdings.add(dec.dir_name, None, kind, groups)
+        self.book.allocated(dec, kind, list(ids))
+        if kind is not Kind.COUNT:
+            self.recent.add(kind, len(ids))
+        self.reporter.occupancy_changed(self.holdings)
+        self._log_grant(dec, kind, ids)
+        return Grant(uuids, tuple(ids), envs, mounts, dec)
+
+
+
+def _check_size(node: Node, kind: Kind, size: int, per_gpu: bool = True) -> None:
+    """Sizes no container may ask for; `per_gpu`: the share must also fit one GPU (no multi-GPU split known)."""
+    res = node.resource_name(kind)
+    if size <= 0:
+        raise RequestError(f"{res}: allocation size must be positive, got {size}")
+    if kind is Kind.CORE and (size % CORE_STEP or (per_gpu and size > CORE_UNITS_PER_GPU)):
+        raise RequestError(
+            f"{res}: {size} is not a valid compute share; ask for a multiple of {CORE_STEP} from {CORE_STEP} "
+            f"to {CORE_UNITS_PER_GPU} (percent of one GPU)", reason="core_share"
+        )
+    if kind is Kind.COUNT and size > len(node.gpus):
+        raise NoRoom(f"{res}: {size} GPUs requested but this node has {len(node.gpus)}")

@@ -1,0 +1,86 @@
+"""What the allocator talks to, as plain types: what Allocate hands a container, and the interfaces of the pod
+cache, of PodResources entries and of whatever reports to the cluster. The kube layer implements them; tests pass
+stand-ins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from devplugin.allocation.decision import Decision
+from devplugin.allocation.holdings import Holding, Holdings
+from devplugin.allocation.node import Node
+from devplugin.allocation.requests import PodRequest
+from devplugin.allocation.units import Kind
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one Allocate gives a container."""
+
+    gpus: tuple[str, ...]
+    device_ids: tuple[str, ...]
+    envs: dict[str, str]
+    mounts: tuple[MountSpec, ...] = ()
+    decision: Decision | None = None
+
+
+# Called on each shared Allocate with (decision, node, this call's IDs) before anything is committed -> mounts;
+# the shim delivery plugs in here.
+MountProvider = Callable[[Decision, Node, Sequence[str]], Sequence[MountSpec]]
+
+
+class HeldDevices(Protocol):
+    """A container the kubelet lists as holding devices (PodResources); read only."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def container(self) -> str: ...
+    @property
+    def devices(self) -> Mapping[Kind, Sequence[str]]: ...
+
+
+class PodLookup(Protocol):
+    """The pods bound to this node (the pod cache)."""
+
+    def pods(self) -> list[PodRequest] | None:
+        """A snapshot without I/O; None while the cache has no view of the node's pods."""
+
+    def fetch_now(self, budget_s: float) -> list[PodRequest] | None:
+        """One direct read of the node's pods within the budget; None when the apiserver did not answer."""
+
+
+class Reporter:
+    """What the daemon tells the cluster (annotations, Events, node usage); the kube layer overrides it.
+    Every method is called under the allocator's lock and must not block."""
+
+    def placed(self, decision: Decision, node: Node) -> None:
+        pass
+
+    def refused(self, pod: PodRequest | None, container: str | None, message: str) -> None:
+        pass
+
+    def warning(self, pod: PodRequest, reason: str, message: str) -> None:
+        pass
+
+    def unidentified(self, kind: Kind, amount: int, why: str) -> None:
+        pass
+
+    def occupancy_changed(self, holdings: Holdings) -> None:
+        pass
+
+    def record_holding(self, pod: PodRequest, holding: Holding, node: Node) -> None:
+        """Record on the pod a container learned from the kubelet (restart, or placed without lookup)."""
+
+

@@ -1,0 +1,104 @@
+"""Keeping the node view in step with the kubelet's PodResources (joined with the pod cache): forget containers
+the kubelet no longer lists, learn those it lists (after a restart), name containers placed without pod lookup and
+write decisions not yet recorded on their pods. Part of Allocator (allocator.py), which holds the state."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+
+from devplugin.allocation.decision import ContainerKey, state_dir_name
+from devplugin.allocation.holdings import Holdings
+from devplugin.allocation.identity import recorded_containers
+from devplugin.allocation.idsets import group_ids, id_index
+from devplugin.allocation.node import Node
+from devplugin.allocation.ports import HeldDevices, Reporter
+from devplugin.allocation.requests import PodRequest
+from devplugin.allocation.units import Kind
+
+log = logging.getLogger(__name__)
+
+
+class ViewSync:
+    """The PodResources half of Allocator."""
+
+    node: Node
+    holdings: Holdings
+    reporter: Reporter
+    _lock: threading.RLock
+
+    def restore(self, key: ContainerKey | None, holder: str, held: Mapping[Kind, Sequence[str]]) -> None:
+        """A container the kubelet says holds these devices (PodResources after a restart)."""
+        with self._lock:
+            for kind, ids in held.items():
+                known = id_index(self.node, kind).every
+                strangers = [i for i in ids if i not in known]
+                if strangers:
+                    log.warning("ignoring %d held %s devices this node does not advertise, e.g. %r",
+                                len(strangers), self.node.resource_name(kind), strangers[0])
+                good = [i for i in dict.fromkeys(ids) if i in known]
+                if good:
+                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
+            self.reporter.occupancy_changed(self.holdings)
+
+    def keep_only(self, held: Mapping[Kind, set[str]]) -> None:
+        """PodResources lists every device the kubelet has given out: forget containers it no longer lists."""
+        with self._lock:
+            if self.holdings.keep_only(held):
+                self.reporter.occupancy_changed(self.holdings)
+
+    def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
+                  as_of: float | None = None) -> None:
+        """The kubelet's PodResources (every container holding our devices, by namespace, pod and container name)
+        joined with the pod cache: forget containers the kubelet no longer lists, learn those it lists that we do
+        not know (after a restart), name containers placed without pod lookup, and write every decision that is
+        not recorded on its pod yet. `as_of`: when PodResources was asked (containers placed since are kept)."""
+        by_name = {(p.namespace, p.name): p for p in pods or () if not p.finished}
+        with self._lock:
+            every: dict[Kind, set[str]] = {k: set() for k in Kind}
+            for entry in held:
+                for kind, ids in entry.devices.items():
+                    every[kind].update(ids)
+            changed = bool(self.holdings.keep_only(every, as_of))
+            for entry in held:
+                changed |= self._reconcile_one(entry, by_name.get((entry.namespace, entry.pod)))
+            if changed:
+                self.reporter.occupancy_changed(self.holdings)
+
+    def _reconcile_one(self, entry: HeldDevices, pod: PodRequest | None) -> bool:
+        key = ContainerKey(pod.uid, entry.container, entry.namespace, entry.pod) if pod else None
+        ids = [i for kind_ids in entry.devices.values() for i in kind_ids]
+        owners = self.holdings.owners(ids)
+        changed = False
+        if not owners:
+            holder = state_dir_name(key) if key else f"held-{abs(hash((entry.namespace, entry.pod, entry.container)))}"
+            for kind, kind_ids in entry.devices.items():
+                known = id_index(self.node, kind).every
+                good = [i for i in dict.fromkeys(kind_ids) if i in known]
+                if good:
+                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
+                    changed = True
+            owners = {holder}
+            if key:
+                log.info("container %s holds devices (learned from the kubelet)", key,
+                         extra={"fields": {"pod": f"{key.namespace}/{key.pod}", "container": key.container}})
+        if pod is None or key is None:
+            return changed
+        for holder in owners:
+            h = self.holdings.get(holder)
+            if h is None:
+                continue
+            if h.key is None:
+                h.key = key
+                self.reporter.warning(pod, "PlacedWithoutPodLookup",
+                                      f"container {entry.container} was placed by node-local pairing because the "
+                                      "apiserver could not be asked in time; its devices are recorded now")
+            if h.key == key and entry.container not in recorded_containers(pod):
+                self.reporter.record_holding(pod, h, self.node)
+        return changed
+
+    def mark_allocated(self, kind: Kind, ids: Sequence[str]) -> None:
+        """Devices already held by containers we cannot name (PodResources without pod names)."""
+        self.restore(None, f"held-{kind.code}-{len(self.holdings.holders())}", {kind: ids})
+
