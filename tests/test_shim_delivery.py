@@ -25,6 +25,8 @@ def test_seed_job_gets_the_shim_and_its_limits_file() -> None:
         assert mounts[contract.CONTAINER_PRELOAD_PATH].read_only and not mounts[contract.CONTAINER_STATE_DIR].read_only
         limits = contract.parse_limits(Path(mounts[contract.CONTAINER_LIMITS_PATH].host_path).read_text())
         assert limits.devices == (contract.DeviceLimit(r.daemon.node.gpus[0].uuid, 2 << 30, 30),)
+        # HAMi-core's name for the accounting file points into the mounted directory (for libvgpu.so users)
+        assert c.envs[contract.ENV_SHARED_CACHE] == contract.CONTAINER_SHARED_CACHE
         assert c.conflicts == []
 
 

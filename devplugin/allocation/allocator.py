@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from devplugin.allocation.choice import scheduler_choice
 from devplugin.allocation.decision import ContainerKey, Decision, key_of
-from devplugin.allocation.envs import decision_envs
+from devplugin.allocation.envs import decision_envs, shim_envs
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
 from devplugin.allocation.fallback import PARTNER_MINIMUM, PairingFallback, _check_size
 from devplugin.allocation.holdings import Holdings
@@ -326,6 +326,7 @@ class Allocator(PairingFallback, ViewSync):
         self._recheck(dec, kind, groups, ids)
         envs = decision_envs(self.node, dec)
         mounts = self._mounts(dec, kind, ids)
+        shim_envs(envs, mounts)
         self.holdings.add(dec.dir_name, dec.key, kind, groups)
         dec.allocated[kind] = list(ids)
         if dec.complete:

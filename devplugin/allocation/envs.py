@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from devplugin import contract as c
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind, MiB
+
+
+class MountLike(Protocol):
+    @property
+    def container_path(self) -> str: ...
 
 
 def container_envs(node: Node, kind: Kind, uuids: tuple[str, ...], amount: int) -> dict[str, str]:
@@ -52,3 +60,11 @@ def decision_envs(node: Node, decision: Decision) -> dict[str, str]:
     if core and node.isolates_compute():
         envs[c.ENV_SM_LIMIT] = str(core)
     return envs
+
+
+def shim_envs(envs: dict[str, str], mounts: Sequence[MountLike]) -> None:
+    """With the shim's files mounted, the accounting file is named in HAMi-core's env too, so HAMi-core's
+    libvgpu.so (when it is the library delivered) accounts in the container's own mounted directory. Both of a
+    container's resources get the same mounts, so the kubelet's merge sees one value."""
+    if any(m.container_path == c.CONTAINER_STATE_DIR for m in mounts):
+        envs[c.ENV_SHARED_CACHE] = c.CONTAINER_SHARED_CACHE

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from devplugin.allocation.decision import Decision
-from devplugin.allocation.envs import container_envs
+from devplugin.allocation.envs import container_envs, shim_envs
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.idsets import gpu_label, id_index
@@ -152,6 +152,7 @@ class PairingFallback:
         trial = Decision(gpus=target.gpus, allocated={**target.allocated, kind: list(ids)}, dir_name=target.dir_name)
         envs = container_envs(self.node, kind, uuids, len(ids))
         mounts = self._mounts(trial, kind, ids)
+        shim_envs(envs, mounts)
         if dec is None:
             dec = self.book.adopt(target)
         self.holdings.add(dec.dir_name, None, kind, groups)
