@@ -15,7 +15,7 @@ from pathlib import Path
 
 from devplugin.allocation.node import MODES
 from devplugin.allocation.ports import MountProvider
-from devplugin.allocation.units import UnitTooFine
+from devplugin.allocation.units import Kind, UnitTooFine
 from devplugin.app.config import Config
 from devplugin.app.health_server import HealthServer
 from devplugin.app.metrics import NodeMetrics
@@ -232,10 +232,11 @@ def shim_mounts(cfg: Config) -> MountProvider | None:
 
 
 def start_janitor(cfg: Config, nd: NodeDaemon) -> Janitor | None:
-    """Clean up shim files of ended containers (at start, then every 10 minutes)."""
+    """Clean up shim files of ended containers (at start, then every 10 minutes). It asks about every resource of
+    the domain, not only those of the current mode: it outlives relabels, and a container of a resource it did not
+    ask about would look ended."""
     if nd.allocator.mounts is None:
         return None
-    janitor = Janitor(shim_paths(cfg), cfg.pod_resources_socket,
-                      {nd.node.resource_name(k) for k in nd.node.kinds})
+    janitor = Janitor(shim_paths(cfg), cfg.pod_resources_socket, {nd.node.resource_name(k) for k in Kind})
     janitor.start()
     return janitor
