@@ -40,9 +40,7 @@ def api() -> Iterator[FakeApiserver]:
 def run_extender(api: FakeApiserver) -> tuple[ClusterState, list[Informer], KubeCluster]:
     state = ClusterState()
     client = api.client()
-    informers = start_informers(client, state, watch_timeout_s=5)
-    for inf in informers:
-        inf.retry_s = 0.1
+    informers = start_informers(client, state, watch_timeout_s=5, retry_s=0.1)
     wait_for(lambda: state.nodes_synced.is_set() and state.pods_synced.is_set(), what="first lists")
     return state, informers, KubeCluster(client)
 
