@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from devplugin.kube.node_sync import by_kind
 from devplugin.kube.podresources import list_containers
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet_results import AdmissionError
@@ -49,13 +48,13 @@ def test_a_sync_older_than_an_allocation_forgets_nothing() -> None:
     with running(seed_node(1, 4096), seed=3) as r:
         assert r.registered_all()
         node = r.nd.allocator.node
-        names = {node.resource_name(k) for k in node.kinds}
+        names = {node.resource_name(k): k for k in node.kinds}
         asked = time.monotonic()
         before = list_containers(str(r.pod_resources), names)  # the sync reads PodResources ...
         assert before == []
         shared = pod("shared", mem=1, core=10)
         r.kubelet.admit(shared)  # ... while this container is admitted
-        r.nd.allocator.reconcile(by_kind(node, before), None, as_of=asked)  # ... and applies what it read
+        r.nd.allocator.reconcile(before, None, as_of=asked)  # ... and applies what it read
         r.kubelet.wait_for(lambda k: k.allocatable().get(COUNT) == 1, timeout=1)  # the GPU would look free
         try:
             r.kubelet.admit(pod("whole", count=1))

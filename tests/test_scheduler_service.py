@@ -102,6 +102,14 @@ def test_missing_tls_files_are_refused_at_start() -> None:
     assert r.returncode == 2 and "--tls-cert-file /nonexistent.crt: no such file" in r.stderr
 
 
+def test_a_missing_kubeconfig_is_refused_at_start_with_what_was_tried() -> None:
+    r = subprocess.run([sys.executable, "-m", "devplugin", "scheduler", "--plain-http", "--port", str(free_port()),
+                        "--kubeconfig", "/nonexistent/kubeconfig", "--log-format", "text"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "kubeconfig '/nonexistent/kubeconfig' (--kubeconfig) does not exist or is not a file" in r.stderr
+
+
 def test_long_lived_objects_are_frozen_once_synced_then_every_few_minutes() -> None:
     import gc
 

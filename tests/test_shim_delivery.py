@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from devplugin import contract
+from devplugin.allocation.units import Kind
 from devplugin.app.serve import shim_mounts
 from devplugin.isolation.shim_delivery import Janitor
 from devplugin.isolation.shim_files import ShimPaths
@@ -52,7 +53,7 @@ def test_janitor_removes_files_of_ended_containers_only() -> None:
         assert len(host_dirs) == 2
         r.kubelet.remove_pod(gone.pod.uid)
         paths = ShimPaths(host_root=Path(r.daemon_config.shim_state_dir), host_lib=Path("/bin/true"))
-        janitor = Janitor(paths, str(r.pod_resources), {MEM, CORE}, min_age_s=0)
+        janitor = Janitor(paths, str(r.pod_resources), {MEM: Kind.MEM, CORE: Kind.CORE}, min_age_s=0)
         removed = janitor.sweep()
         assert len(removed) == 1
         left = {d.name for d in (Path(r.daemon_config.shim_state_dir) / "containers").iterdir()}
@@ -61,7 +62,7 @@ def test_janitor_removes_files_of_ended_containers_only() -> None:
 
 def test_janitor_deletes_nothing_when_the_kubelet_cannot_say(tmp_path: Path) -> None:
     (tmp_path / "containers" / "abc").mkdir(parents=True)
-    janitor = Janitor(ShimPaths(host_root=tmp_path), "/nonexistent.sock", {MEM}, min_age_s=0)
+    janitor = Janitor(ShimPaths(host_root=tmp_path), "/nonexistent.sock", {MEM: Kind.MEM}, min_age_s=0)
     assert janitor.sweep() == []
     assert (tmp_path / "containers" / "abc").is_dir()
 

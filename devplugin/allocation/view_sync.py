@@ -28,26 +28,6 @@ class ViewSync:
     reporter: Reporter
     _lock: threading.RLock
 
-    def restore(self, key: ContainerKey | None, holder: str, held: Mapping[Kind, Sequence[str]]) -> None:
-        """A container the kubelet says holds these devices (PodResources after a restart)."""
-        with self._lock:
-            for kind, ids in held.items():
-                known = id_index(self.node, kind).every
-                strangers = [i for i in ids if i not in known]
-                if strangers:
-                    log.warning("ignoring %d held %s devices this node does not advertise, e.g. %r",
-                                len(strangers), self.node.resource_name(kind), strangers[0])
-                good = [i for i in dict.fromkeys(ids) if i in known]
-                if good:
-                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
-            self.reporter.occupancy_changed(self.holdings)
-
-    def keep_only(self, held: Mapping[Kind, set[str]]) -> None:
-        """PodResources lists every device the kubelet has given out: forget containers it no longer lists."""
-        with self._lock:
-            if self.holdings.keep_only(held):
-                self.reporter.occupancy_changed(self.holdings)
-
     def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
                   as_of: float | None = None) -> None:
         """The kubelet's PodResources (every container holding our devices, by namespace, pod and container name)
@@ -66,19 +46,29 @@ class ViewSync:
             if changed:
                 self.reporter.occupancy_changed(self.holdings)
 
+    def _learn(self, holder: str, key: ContainerKey | None, devices: Mapping[Kind, Sequence[str]]) -> bool:
+        """Record devices the kubelet says a container holds; IDs this node does not advertise are logged, skipped."""
+        learned = False
+        for kind, ids in devices.items():
+            known = id_index(self.node, kind).every
+            strangers = [i for i in ids if i not in known]
+            if strangers:
+                log.warning("ignoring %d held %s devices this node does not advertise, e.g. %r",
+                            len(strangers), self.node.resource_name(kind), strangers[0])
+            good = [i for i in dict.fromkeys(ids) if i in known]
+            if good:
+                self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
+                learned = True
+        return learned
+
     def _reconcile_one(self, entry: HeldDevices, pod: PodRequest | None) -> bool:
         key = ContainerKey(pod.uid, entry.container, entry.namespace, entry.pod) if pod else None
         ids = [i for kind_ids in entry.devices.values() for i in kind_ids]
         owners = self.holdings.owners(ids)
         changed = False
         if not owners:
-            holder = state_dir_name(key) if key else f"held-{abs(hash((entry.namespace, entry.pod, entry.container)))}"
-            for kind, kind_ids in entry.devices.items():
-                known = id_index(self.node, kind).every
-                good = [i for i in dict.fromkeys(kind_ids) if i in known]
-                if good:
-                    self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
-                    changed = True
+            holder = state_dir_name(key) if key else f"held:{entry.namespace}/{entry.pod}/{entry.container}"
+            changed = self._learn(holder, key, entry.devices)
             owners = {holder}
             if key:
                 log.info("container %s holds devices (learned from the kubelet)", key,
@@ -97,8 +87,3 @@ class ViewSync:
             if h.key == key and entry.container not in recorded_containers(pod):
                 self.reporter.record_holding(pod, h, self.node)
         return changed
-
-    def mark_allocated(self, kind: Kind, ids: Sequence[str]) -> None:
-        """Devices already held by containers we cannot name (PodResources without pod names)."""
-        self.restore(None, f"held-{kind.code}-{len(self.holdings.holders())}", {kind: ids})
-

@@ -237,6 +237,6 @@ def start_janitor(cfg: Config, nd: NodeDaemon) -> Janitor | None:
     ask about would look ended."""
     if nd.allocator.mounts is None:
         return None
-    janitor = Janitor(shim_paths(cfg), cfg.pod_resources_socket, {nd.node.resource_name(k) for k in Kind})
+    janitor = Janitor(shim_paths(cfg), cfg.pod_resources_socket, {nd.node.resource_name(k): k for k in Kind})
     janitor.start()
     return janitor

@@ -14,30 +14,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("node", nargs="?", default="", help="show this node only")
     p.add_argument("-d", "--details", action="store_true", help="list the pods on each GPU")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
-    p.add_argument("--kubeconfig", default="", help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config)")
+    p.add_argument("--kubeconfig", default="", help="kubeconfig (default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubernetes import config
     from kubernetes.client.rest import ApiException
 
     from devplugin.inspect.read import read_cluster
+    from devplugin.kube.client import KubeConfigError, load_api_client
 
     try:
-        api = config.new_client_from_config(config_file=args.kubeconfig or None)
-    except Exception as exc:  # missing or broken kubeconfig
-        if args.kubeconfig:
-            sys.stderr.write(f"inspect: cannot load a kubeconfig: {exc}\n")
-            return 1
-        try:  # inside a pod: its service account
-            config.load_incluster_config()
-            from kubernetes import client
-
-            api = client.ApiClient()
-        except config.ConfigException:
-            sys.stderr.write(f"inspect: cannot load a kubeconfig ({exc}) and not running in a pod; set KUBECONFIG "
-                             "or --kubeconfig\n")
-            return 1
+        api = load_api_client(args.kubeconfig)
+    except KubeConfigError as exc:
+        hint = "" if args.kubeconfig else "; set KUBECONFIG or --kubeconfig"
+        sys.stderr.write(f"inspect: cannot load a kubeconfig: {exc}{hint}\n")
+        return 1
     try:
         nodes, pods = read_cluster(api, args.node)
     except ApiException as exc:

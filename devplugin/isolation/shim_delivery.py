@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from devplugin import contract
 from devplugin.allocation.decision import Decision
@@ -16,7 +16,7 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.ports import MountProvider, MountSpec
 from devplugin.allocation.units import Kind
 from devplugin.isolation.shim_files import Owner, ShimPaths, cleanup, prepare_container
-from devplugin.kube.podresources import containers_devices
+from devplugin.kube.podresources import HeldContainer, list_containers
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +55,15 @@ def shim_provider(paths: ShimPaths) -> MountProvider:
     return provide
 
 
-def live_devices(containers: list[dict[str, list[str]]]) -> set[str]:
+def live_devices(containers: list[HeldContainer]) -> set[str]:
     """Every device ID some live container holds."""
-    return {i for container in containers for ids in container.values() for i in ids}
+    return {i for container in containers for ids in container.devices.values() for i in ids}
 
 
 class Janitor:
     """Removes per-container shim files of containers the kubelet no longer knows, at start and every 10 min."""
 
-    def __init__(self, paths: ShimPaths, pod_resources_socket: str, resources: set[str],
+    def __init__(self, paths: ShimPaths, pod_resources_socket: str, resources: Mapping[str, Kind],
                  interval_s: float = CLEANUP_INTERVAL_S, min_age_s: float = MIN_AGE_S) -> None:
         self.paths = paths
         self.socket = pod_resources_socket
@@ -74,7 +74,7 @@ class Janitor:
         self._stopped = threading.Event()
 
     def sweep(self) -> list[str]:
-        containers = containers_devices(self.socket, self.resources)
+        containers = list_containers(self.socket, self.resources)
         if containers is None:
             return []  # never delete when the kubelet cannot say what is live
         removed = cleanup(self.paths, live_devices(containers), self.min_age_s)

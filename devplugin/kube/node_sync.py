@@ -10,35 +10,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from devplugin.allocation.allocator import Allocator
-from devplugin.allocation.node import Node
 from devplugin.allocation.requests import PodRequest
-from devplugin.allocation.units import Kind
-from devplugin.kube.podresources import HeldContainer, list_containers
+from devplugin.kube.podresources import list_containers
 
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 30.0  # with the pod cache, which reports ended pods at once
 SYNC_INTERVAL_ALONE_S = 1.0  # without it (a local call of about a millisecond)
-
-
-@dataclass(frozen=True)
-class Held:
-    """HeldContainer with its devices keyed by resource kind (what Allocator.reconcile reads)."""
-
-    namespace: str
-    pod: str
-    container: str
-    devices: Mapping[Kind, Sequence[str]]
-
-
-def by_kind(node: Node, containers: Sequence[HeldContainer]) -> list[Held]:
-    kinds = {node.resource_name(k): k for k in Kind}
-    return [Held(c.namespace, c.pod, c.container, {kinds[r]: ids for r, ids in c.devices.items() if r in kinds})
-            for c in containers]
 
 
 class NodeSync:
@@ -62,10 +43,10 @@ class NodeSync:
         """One round; False when the kubelet's PodResources could not be read."""
         node = self.allocator.node
         asked = self.last_attempt = time.monotonic()
-        found = list_containers(self.socket, {node.resource_name(k) for k in node.kinds})
+        found = list_containers(self.socket, {node.resource_name(k): k for k in node.kinds})
         if found is None:
             return False
-        self.allocator.reconcile(by_kind(node, found), self.pods(), as_of=asked)
+        self.allocator.reconcile(found, self.pods(), as_of=asked)
         self.last_sync = asked
         if not self.synced.is_set():
             held = sum(len(ids) for c in found for ids in c.devices.values())

@@ -1,12 +1,14 @@
-"""Ask the kubelet's PodResources API which of our devices containers hold (after a restart, and for cleanup)."""
+"""Ask the kubelet's PodResources API which of our devices containers hold (the node sync, and the shim janitor)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
 
+from devplugin.allocation.units import Kind
 from devplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -14,17 +16,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HeldContainer:
-    """A container the kubelet lists with devices of ours: {resource name: [device IDs]}."""
+    """A container the kubelet lists with devices of ours: {resource: [device IDs]}."""
 
     namespace: str
     pod: str
     container: str
-    devices: dict[str, list[str]]
+    devices: dict[Kind, list[str]]
 
 
-def list_containers(socket_path: str, resource_names: set[str],
+def list_containers(socket_path: str, resources: Mapping[str, Kind],
                     timeout_s: float = 3.0) -> list[HeldContainer] | None:
-    """Every container holding any of `resource_names`; None when the kubelet cannot be asked."""
+    """Every container holding any of `resources` (full resource name -> kind); None when the kubelet cannot be
+    asked."""
     try:
         with grpc.insecure_channel(f"unix://{socket_path}") as channel:
             resp = api_pb2_grpc.PodResourcesListerStub(channel).List(
@@ -37,30 +40,11 @@ def list_containers(socket_path: str, resource_names: set[str],
     found = []
     for pod in resp.pod_resources:
         for container in pod.containers:
-            mine: dict[str, list[str]] = {}
+            mine: dict[Kind, list[str]] = {}
             for dev in container.devices:  # the kubelet lists one entry per device (per NUMA node)
-                if dev.resource_name in resource_names:
-                    mine.setdefault(dev.resource_name, []).extend(dev.device_ids)
+                kind = resources.get(dev.resource_name)
+                if kind is not None:
+                    mine.setdefault(kind, []).extend(dev.device_ids)
             if mine:
                 found.append(HeldContainer(pod.namespace, pod.name, container.name, mine))
     return found
-
-
-def containers_devices(socket_path: str, resource_names: set[str],
-                       timeout_s: float = 3.0) -> list[dict[str, list[str]]] | None:
-    """One {resource: [device IDs]} per container holding any of `resource_names`; None when the kubelet
-    cannot be asked."""
-    found = list_containers(socket_path, resource_names, timeout_s)
-    return None if found is None else [c.devices for c in found]
-
-
-def held_devices(socket_path: str, resource_names: set[str]) -> dict[str, list[str]] | None:
-    """{resource: [device IDs held by any container]}, or None when the kubelet cannot be asked."""
-    found = containers_devices(socket_path, resource_names)
-    if found is None:
-        return None
-    held: dict[str, list[str]] = {r: [] for r in resource_names}
-    for container in found:
-        for resource, ids in container.items():
-            held[resource].extend(ids)
-    return held

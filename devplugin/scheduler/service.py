@@ -8,13 +8,9 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from devplugin.app import logs
 from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient  # imported at run time only where needed
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "DEVPLUGIN_SCHEDULER_"
@@ -35,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain-http", action="store_true", default=_env("plain-http", "") == "true",
                    help="serve plain HTTP (local trials only: the apiserver calls webhooks over HTTPS)")
     p.add_argument("--kubeconfig", default=_env("kubeconfig", ""),
-                   help="kubeconfig (empty: in-cluster config, then ~/.kube/config)")
+                   help="kubeconfig (empty: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
     p.add_argument("--assume-ttl", type=float, default=float(_env("assume-ttl", str(DEFAULT_ASSUME_TTL_S))),
                    help="seconds a GPU choice is held for a pod the watch has not yet shown bound")
     p.add_argument("--max-body-bytes", type=int, default=int(_env("max-body-bytes", str(DEFAULT_MAX_BODY))),
@@ -60,20 +56,6 @@ def check_arguments(args: argparse.Namespace) -> str:
     return ""
 
 
-def api_client(kubeconfig: str) -> ApiClient:
-    from kubernetes import config
-
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        config.load_incluster_config()
-        from kubernetes import client
-
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
-
-
 FREEZE_EVERY_S = 300.0
 
 
@@ -95,6 +77,7 @@ def freeze_long_lived(state: ClusterState, frozen_at: float, now: float | None =
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from devplugin.kube.client import KubeConfigError, load_api_client
     from devplugin.scheduler.cluster import KubeCluster
     from devplugin.scheduler.http import Service, build_app
     from devplugin.scheduler.informer import start_informers
@@ -102,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level, args.log_format)
     state = ClusterState(assume_ttl_s=args.assume_ttl)
-    client = api_client(args.kubeconfig)
+    try:
+        client = load_api_client(args.kubeconfig)
+    except KubeConfigError as exc:
+        log.error("%s", exc)
+        return 1
     informers = start_informers(client, state)
     svc = Service(state, KubeCluster(client), max_body=args.max_body_bytes)
     tls = {} if args.plain_http else {"ssl_certfile": args.tls_cert_file, "ssl_keyfile": args.tls_private_key_file}
