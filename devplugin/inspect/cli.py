@@ -14,7 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("node", nargs="?", default="", help="show this node only")
     p.add_argument("-d", "--details", action="store_true", help="list the pods on each GPU")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
-    p.add_argument("--kubeconfig", default="", help="kubeconfig (default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
+    p.add_argument("--kubeconfig", default="",
+                   help="kubeconfig (default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
 
 
 def run(args: argparse.Namespace) -> int:
