@@ -39,10 +39,10 @@ def pod_holding(pod: PodRequest) -> tuple[str, Holding] | None:
             except AnnotationError as exc:
                 log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
                 continue
-            return key, _running_only(pod, held)
+            return key, counted(pod, held)
     if ANN_ACK_ALLOCATION in ann:
         try:
-            return ANN_ACK_ALLOCATION, _running_only(pod, _ack_holding(pod))
+            return ANN_ACK_ALLOCATION, counted(pod, _ack_holding(pod))
         except AnnotationError as exc:
             log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
     if ANN_ALIYUN_MEM_IDX in ann:
@@ -55,7 +55,7 @@ def pod_holding(pod: PodRequest) -> tuple[str, Holding] | None:
         if index < 0:
             return None
         held = {c.name: (GpuShare(index, "", c.mem, c.core),) for c in pod.containers if c.mem or c.core}
-        return ANN_ALIYUN_MEM_IDX, _running_only(pod, held)
+        return ANN_ALIYUN_MEM_IDX, counted(pod, held)
     return None
 
 
@@ -74,10 +74,6 @@ def _ack_holding(pod: PodRequest) -> dict[str, tuple[GpuShare, ...]]:
         held[name] = tuple(GpuShare(g, "", mem.get(app_index, {}).get(g, 0), core.get(app_index, {}).get(g, 0))
                            for g in gpus)
     return held
-
-
-def _running_only(pod: PodRequest, held: Holding) -> Holding:
-    return counted(pod, held)
 
 
 def counted(pod: PodRequest, held: Holding) -> Holding:
