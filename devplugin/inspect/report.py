@@ -127,8 +127,7 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
         rooms = node_room(entry.inventory, (h for _, h, _ in on_node), entry.usage)
         models = {g.index: g.model for g in entry.inventory.gpus}
         gpus = [GpuReport(r.index, r.uuid, models.get(r.index, ""), r.healthy, r.mem_total,
-                          r.mem_total if r.whole else min(r.mem_used, r.mem_total), CORE_PER_GPU,
-                          CORE_PER_GPU if r.whole else min(r.core_used, CORE_PER_GPU), r.whole) for r in rooms]
+                          r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole) for r in rooms]
         by_index = {g.index: g for g in gpus}
         for pod, held, state in sorted(on_node, key=lambda t: t[0].key):
             for container, shares in sorted(held.items()):

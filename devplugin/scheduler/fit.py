@@ -41,8 +41,7 @@ class NodeView:
     def mem_totals(self) -> tuple[int, int]:
         """(memory of the healthy GPUs, memory held on them), in gpu-mem units."""
         healthy = [r for r in self.gpus if r.healthy]
-        return (sum(r.mem_total for r in healthy),
-                sum(r.mem_total if r.whole else min(r.mem_used, r.mem_total) for r in healthy))
+        return sum(r.mem_total for r in healthy), sum(r.mem_allocated for r in healthy)
 
 
 @dataclass(frozen=True)

@@ -102,9 +102,9 @@ class StateCollector(Collector):
             serves_core = view.mode in MODES_WITH_CORE
             for g in view.gpus:
                 labels = [name, str(g.index), g.uuid]
-                mem_used.add_metric(labels, g.mem_total if g.whole else min(g.mem_used, g.mem_total))
+                mem_used.add_metric(labels, g.mem_allocated)
                 mem_cap.add_metric(labels, g.mem_total)
-                core_used.add_metric(labels, CORE_PER_GPU if g.whole else min(g.core_used, CORE_PER_GPU))
+                core_used.add_metric(labels, g.core_allocated)
                 core_cap.add_metric(labels, CORE_PER_GPU if serves_core else 0)
                 containers.add_metric(labels, g.containers)
                 whole.add_metric(labels, 1 if g.whole else 0)

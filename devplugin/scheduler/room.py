@@ -30,6 +30,16 @@ class GpuRoom:
         return 0 if self.whole else max(CORE_PER_GPU - self.core_used, 0)
 
     @property
+    def mem_allocated(self) -> int:
+        """gpu-mem units counted as held (all of it when held whole; never more than the GPU has)."""
+        return self.mem_total if self.whole else min(self.mem_used, self.mem_total)
+
+    @property
+    def core_allocated(self) -> int:
+        """Compute percent counted as held (all of it when held whole; at most CORE_PER_GPU)."""
+        return CORE_PER_GPU if self.whole else min(self.core_used, CORE_PER_GPU)
+
+    @property
     def untouched(self) -> bool:
         """Nothing on it: it can be given whole."""
         return not (self.mem_used or self.core_used or self.containers or self.whole)
