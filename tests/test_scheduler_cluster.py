@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -37,17 +38,18 @@ def api() -> Iterator[FakeApiserver]:
         yield fake
 
 
-def run_extender(api: FakeApiserver) -> tuple[ClusterState, list[Informer], KubeCluster]:
+@contextmanager
+def run_extender(api: FakeApiserver) -> Iterator[tuple[ClusterState, list[Informer], KubeCluster]]:
+    """The extender's state fed by informers from `api` (first lists in); the informers stop on leaving."""
     state = ClusterState()
     client = api.client()
     informers = start_informers(client, state, watch_timeout_s=5, retry_s=0.1)
-    wait_for(lambda: state.nodes_synced.is_set() and state.pods_synced.is_set(), what="first lists")
-    return state, informers, KubeCluster(client)
-
-
-def stop(informers: list[Informer]) -> None:
-    for inf in informers:
-        inf.stop()
+    try:
+        wait_for(lambda: state.nodes_synced.is_set() and state.pods_synced.is_set(), what="first lists")
+        yield state, informers, KubeCluster(client)
+    finally:
+        for inf in informers:
+            inf.stop()
 
 
 def used(state: ClusterState, name: str) -> list[int]:
@@ -57,8 +59,7 @@ def used(state: ClusterState, name: str) -> list[int]:
 
 def test_bind_writes_the_choice_with_the_binding_and_the_watch_confirms_it(api: FakeApiserver) -> None:
     add_gpu_node(api, "n1", gpus=2, units=16)
-    state, informers, cluster = run_extender(api)
-    try:
+    with run_extender(api) as (state, informers, cluster):
         p = api.add_pod(name="train", limits={MEM: 10})
         wait_for(lambda: state.pod("default", "train"), what="pod in the cache")
         bind(state, cluster, "default", "train", p["metadata"]["uid"], "n1")
@@ -78,14 +79,11 @@ def test_bind_writes_the_choice_with_the_binding_and_the_watch_confirms_it(api: 
         with pytest.raises(BindError):
             bind(state, cluster, "default", "q", q["metadata"]["uid"], "n1")
         assert used(state, "n1") == [10, 0]
-    finally:
-        stop(informers)
 
 
 def test_room_follows_pod_phases_and_node_usage(api: FakeApiserver) -> None:
     add_gpu_node(api, "n1", gpus=1, units=16)
-    state, informers, cluster = run_extender(api)
-    try:
+    with run_extender(api) as (state, informers, cluster):
         p = api.add_pod(name="a", limits={MEM: 12})
         wait_for(lambda: state.pod("default", "a"))
         bind(state, cluster, "default", "a", p["metadata"]["uid"], "n1")
@@ -99,14 +97,11 @@ def test_room_follows_pod_phases_and_node_usage(api: FakeApiserver) -> None:
         api.patch_node("n1", {"metadata": {"annotations": {
             "gpushare.io/gpu-usage": NodeUsage({0: GpuUsage(mem=10, containers=1)}).render()}}})
         wait_for(lambda: filter_nodes(state, probe, ["n1"]).failed, what="usage annotation counted")
-    finally:
-        stop(informers)
 
 
 def test_an_expired_watch_relists_and_a_restart_rebuilds_the_same_state(api: FakeApiserver) -> None:
     add_gpu_node(api, "n1", gpus=2, units=16)
-    state, informers, cluster = run_extender(api)
-    try:
+    with run_extender(api) as (state, informers, cluster):
         for i, mem in enumerate((6, 6, 12)):
             p = api.add_pod(name=f"p{i}", limits={MEM: mem})
             wait_for(lambda i=i: state.pod("default", f"p{i}"))
@@ -120,24 +115,16 @@ def test_an_expired_watch_relists_and_a_restart_rebuilds_the_same_state(api: Fak
                     annotations={ANN_ALIYUN_MEM_IDX: "1"})
         wait_for(lambda: informers[1].relists > relists, what="relist after 410")
         wait_for(lambda: used(state, "n1") == [12, 16], what="the pod created meanwhile")
-    finally:
-        stop(informers)
-    restarted, informers, _ = run_extender(api)
-    try:
+    with run_extender(api) as (restarted, informers, _):
         assert used(restarted, "n1") == [12, 16]
-    finally:
-        stop(informers)
 
 
 def test_the_extender_survives_an_apiserver_outage(api: FakeApiserver) -> None:
     add_gpu_node(api, "n1", gpus=1, units=16)
-    state, informers, _ = run_extender(api)
-    try:
+    with run_extender(api) as (state, informers, _):
         api.down("reset")
         time.sleep(0.3)
         api.up()
         api.add_pod(name="after", node_name="n1", limits={MEM: 5}, phase="Running",
                     annotations={ANN_ALIYUN_MEM_IDX: "0"})
         wait_for(lambda: used(state, "n1") == [5], what="state after the outage")
-    finally:
-        stop(informers)
