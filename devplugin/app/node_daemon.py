@@ -28,6 +28,9 @@ from devplugin.kube.reporting import ClusterReporter, occupancy
 
 if TYPE_CHECKING:
     from devplugin.app.metrics import NodeMetrics
+    from devplugin.kube.node_watch import NodeWatch
+    from devplugin.kube.pod_cache import PodCache
+    from devplugin.kube.writer import KubeWriter
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +39,14 @@ log = logging.getLogger(__name__)
 class KubeLink:
     """The daemon's link to the apiserver: pod cache, node watch and the background writer (any may be absent)."""
 
-    pods: object | None = None  # devplugin.kube.pod_cache.PodCache
-    node_watch: object | None = None  # devplugin.kube.node_watch.NodeWatch
-    writer: object | None = None  # devplugin.kube.writer (patches and Events, off the admission path)
+    pods: PodCache | None = None
+    node_watch: NodeWatch | None = None
+    writer: KubeWriter | None = None  # patches and Events, off the admission path
     current: NodeDaemon | None = None  # the daemon serving now (a relabel replaces it)
 
     def __post_init__(self) -> None:
         if self.pods is not None:
-            self.pods.add_listener(self._pod_changed)  # type: ignore[attr-defined]
+            self.pods.add_listener(self._pod_changed)
 
     def _pod_changed(self, event: str, pod: PodRequest) -> None:
         if self.current is not None:
@@ -52,9 +55,9 @@ class KubeLink:
     def pod_list(self) -> list[PodRequest] | None:
         """The cached pods, or None while there is no synced cache."""
         cache = self.pods
-        if cache is None or not cache.synced.is_set():  # type: ignore[attr-defined]
+        if cache is None or not cache.synced.is_set():
             return None
-        return cache.pods()  # type: ignore[attr-defined]
+        return cache.pods()
 
 
 class CacheLookup:
@@ -67,7 +70,7 @@ class CacheLookup:
         return self.link.pod_list()
 
     def fetch_now(self, budget_s: float) -> list[PodRequest] | None:
-        return self.link.pods.fetch_now(budget_s) if self.link.pods is not None else None  # type: ignore[attr-defined]
+        return self.link.pods.fetch_now(budget_s) if self.link.pods is not None else None
 
 
 @dataclass
@@ -131,7 +134,7 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     board = DeviceBoard(node)
     reporter: ClusterReporter | None = None
     if link.writer is not None and cfg.node_name:
-        reporter = ClusterReporter(node, cfg.node_name, link.writer, board.set_occupancy)  # type: ignore[arg-type]
+        reporter = ClusterReporter(node, cfg.node_name, link.writer, board.set_occupancy)
     allocator = Allocator(node, pair_window_s=cfg.pair_window, mounts=mounts,
                           lookup=CacheLookup(link) if link.pods is not None else None,
                           reporter=reporter or _BoardOnly(node, board), lookup_budget_s=cfg.lookup_budget,

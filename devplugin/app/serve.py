@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from devplugin.allocation.node import MODES
@@ -32,7 +33,7 @@ EXIT_CONFIG = 2
 RELABEL_CHECK_S = 1.0
 
 
-def connect(cfg: Config, on_labels: object = None) -> KubeLink:
+def connect(cfg: Config, on_labels: Callable[[dict[str, str]], None] | None = None) -> KubeLink:
     """The cluster link: pod cache, node watch and writer; an empty link (node-local only) when the apiserver
     cannot be configured."""
     if not cfg.node_name:
@@ -52,7 +53,7 @@ def connect(cfg: Config, on_labels: object = None) -> KubeLink:
         return KubeLink()
     pods = PodCache(api, cfg.node_name, cfg.resource_domain).start()
     writer = KubeWriter(api, cfg.node_name).start()
-    watch = NodeWatch(api, cfg.node_name, on_labels or (lambda labels: None)).start()  # type: ignore[arg-type]
+    watch = NodeWatch(api, cfg.node_name, on_labels or (lambda labels: None)).start()
     return KubeLink(pods=pods, node_watch=watch, writer=writer)
 
 
@@ -101,7 +102,7 @@ class Supervisor:
                    f"{self.settings.mode}/{self.settings.placement}); " +
                    (f"applied once the {held} container(s) holding GPU units end" if held else "applying now"))
             log.warning("%s", msg, extra={"fields": {"node": self.cfg.node_name}})
-            self.link.writer.node_event(self.cfg.node_name, "Warning", "GPUModeChange", msg)  # type: ignore[attr-defined]
+            self.link.writer.node_event(self.cfg.node_name, "Warning", "GPUModeChange", msg)
         self.changed.set()
 
     def ready(self) -> tuple[bool, str]:
@@ -145,7 +146,7 @@ class Supervisor:
             janitor.stop()
         for part in (self.link.node_watch, self.link.pods, self.link.writer):
             if part is not None:
-                part.stop()  # type: ignore[attr-defined]
+                part.stop()
         return 0
 
     def _initial_settings(self) -> NodeSettings | None:
@@ -153,8 +154,8 @@ class Supervisor:
         watch = self.link.node_watch
         delay = self.cfg.apiserver_timeout
         while not self.stop_event.is_set():
-            if watch is not None and watch.synced.wait(delay):  # type: ignore[attr-defined]
-                return settings_from(watch.labels(), self.cfg)  # type: ignore[attr-defined]
+            if watch is not None and watch.synced.wait(delay):
+                return settings_from(watch.labels(), self.cfg)
             fallback = settings_from(None, self.cfg)
             if fallback is not None:
                 log.warning("node labels could not be read within %.1f s: using --mode %s and --placement %s until "
