@@ -7,15 +7,6 @@
 
 #include "gs_shim.h"
 
-#define GS_ENTER_OR_RETURN(name)             \
-    do {                                     \
-        CUresult e_ = gs_enter();            \
-        if (e_)                              \
-            return e_;                       \
-        if (!gs_cu.name)                     \
-            return CUDA_ERROR_NOT_SUPPORTED; \
-    } while (0)
-
 /* The GPU an allocation of the calling thread goes to (its current context's): CUDA_SUCCESS with *d, where
  * -1 means nothing is accounted (call the driver as is), or the error to return without allocating. */
 static inline CUresult gs_alloc_target(int *d)

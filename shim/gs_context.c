@@ -20,12 +20,9 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 
 #define GS_CONTEXT_HOOK(name, dev, call)                   \
     do {                                                   \
-        CUresult rc_ = gs_enter();                         \
-        if (rc_)                                           \
-            return rc_;                                    \
-        if (!gs_cu.name)                                   \
-            return CUDA_ERROR_NOT_SUPPORTED;               \
+        GS_ENTER_OR_RETURN(name);                          \
         int charged_ = 0;                                  \
+        CUresult rc_;                                      \
         if (gs_devices_ready()) {                          \
             rc_ = gs_ctx_charge((dev), &charged_);         \
             if (rc_)                                       \

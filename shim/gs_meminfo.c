@@ -5,12 +5,8 @@
 
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    CUresult rc = gs_enter();
-    if (rc)
-        return rc;
-    if (!gs_cu.cuMemGetInfo_v2)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    rc = gs_cu.cuMemGetInfo_v2(free_bytes, total_bytes);
+    GS_ENTER_OR_RETURN(cuMemGetInfo_v2);
+    CUresult rc = gs_cu.cuMemGetInfo_v2(free_bytes, total_bytes);
     int d;
     if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes || !gs_devices_ready() || !gs_any_limit ||
         gs_current_device(&d) != CUDA_SUCCESS || d < 0 || d >= gs_ndevs || !gs_devs[d].limit)
@@ -31,12 +27,8 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    CUresult rc = gs_enter();
-    if (rc)
-        return rc;
-    if (!gs_cu.cuDeviceTotalMem_v2)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    rc = gs_cu.cuDeviceTotalMem_v2(bytes, dev);
+    GS_ENTER_OR_RETURN(cuDeviceTotalMem_v2);
+    CUresult rc = gs_cu.cuDeviceTotalMem_v2(bytes, dev);
     if (rc == CUDA_SUCCESS && bytes && gs_devices_ready() && dev >= 0 && dev < gs_ndevs && gs_devs[dev].limit &&
         gs_devs[dev].limit < *bytes)
         *bytes = gs_devs[dev].limit;

@@ -17,4 +17,15 @@
 #include "gs_real.h"
 #include "gs_state.h"
 
+/* The start of a hook: return what gs_enter() refuses with, or CUDA_ERROR_NOT_SUPPORTED when the driver does
+ * not have the entry point. */
+#define GS_ENTER_OR_RETURN(name)             \
+    do {                                     \
+        CUresult e_ = gs_enter();            \
+        if (e_)                              \
+            return e_;                       \
+        if (!gs_cu.name)                     \
+            return CUDA_ERROR_NOT_SUPPORTED; \
+    } while (0)
+
 #endif /* GS_SHIM_H */
