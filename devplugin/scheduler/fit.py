@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, per_gpu_share
-from devplugin.contract import GpuShare
+from devplugin.contract import LABEL_ACK_MULTI_GPU, GpuShare
 from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
 
 MODES_WITH_CORE = ("core_mem",)
@@ -62,10 +62,10 @@ def check_pod(pod: PodRequest) -> str:
     """What is wrong with the pod's GPU asks whatever the node, or ''."""
     for c in pod.gpu_containers:
         if c.core and not c.mem:
-            return (f"container {c.name!r} asks for gpu-core.percentage without gpu-mem; add a gpu-mem request")
+            return f"container {c.name!r} asks for gpu-core.percentage without gpu-mem; add a gpu-mem request"
         if c.count and (c.mem or c.core):
             return (f"container {c.name!r} asks for gpu-count together with a share; to split memory over several "
-                    "GPUs label the pod aliyun.com/gpu-count=N and ask for gpu-mem only")
+                    f"GPUs label the pod {LABEL_ACK_MULTI_GPU}=N and ask for gpu-mem only")
         if c.mem:
             try:
                 per_gpu_share(c, pod.gpus_per_container)
