@@ -17,6 +17,18 @@ static inline CUresult gs_alloc_target(int *d)
     return gs_current_device(d);
 }
 
+/* Into d, the GPU an allocation of the calling thread goes to; return the driver's own answer to `call` when
+ * nothing is accounted there (or `out`, where the driver writes the handle, is NULL), or the error to return
+ * without allocating. */
+#define GS_ALLOC_TARGET(d, out, call)           \
+    do {                                        \
+        CUresult t_ = gs_alloc_target(&(d));    \
+        if (t_)                                 \
+            return t_;                          \
+        if ((d) < 0 || !(out))                  \
+            return (call);                      \
+    } while (0)
+
 /* Reserve `charge` on d, run `call` (a CUresult expression), keep the charge under `key` in `map` or roll it
  * back; when the allocation cannot be recorded, run `undo` (free what the driver gave) and answer out of
  * memory. `key` is evaluated only after a successful call. */
@@ -32,6 +44,15 @@ static inline CUresult gs_alloc_target(int *d)
             return CUDA_ERROR_OUT_OF_MEMORY;                                        \
         }                                                                           \
         return rc_;                                                                 \
+    } while (0)
+
+/* An allocation on the calling thread's GPU of `bytes` (rounded to its granularity), kept in `map` under the
+ * handle `call` writes to *out; `undo` frees it again. */
+#define GS_ALLOC_CURRENT(map, bytes, call, out, undo)                                               \
+    do {                                                                                            \
+        int d_;                                                                                     \
+        GS_ALLOC_TARGET(d_, (out), (call));                                                         \
+        GS_TRACKED(d_, gs_charge_size(d_, (bytes)), (map), (call), (uintptr_t) * (out), undo);      \
     } while (0)
 
 /* A free: take key's entry out of map, call the driver, give back or restore. */

@@ -62,24 +62,13 @@ static uint64_t gs_array_bytes(uint64_t w, uint64_t h, uint64_t d, int format, u
     return total;
 }
 
-#define GS_ARRAY_HOOK(bytes, call, handle, undo)                                                  \
-    do {                                                                                          \
-        int d_;                                                                                   \
-        CUresult rc0_ = gs_alloc_target(&d_);                                                     \
-        if (rc0_)                                                                                 \
-            return rc0_;                                                                          \
-        if (d_ < 0 || !(handle))                                                                  \
-            return (call);                                                                        \
-        GS_TRACKED(d_, gs_charge_size(d_, (bytes)), &gs_arrays, (call), (uintptr_t)*(handle), undo); \
-    } while (0)
-
 GS_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     GS_ENTER_OR_RETURN(cuArrayCreate_v2);
     if (!desc)
         return gs_cu.cuArrayCreate_v2(arr, desc);
-    GS_ARRAY_HOOK(gs_array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0, 1),
-                  gs_cu.cuArrayCreate_v2(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
+    GS_ALLOC_CURRENT(&gs_arrays, gs_array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0, 1),
+                     gs_cu.cuArrayCreate_v2(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
 }
 
 GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
@@ -88,8 +77,9 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTO
     if (!desc)
         return gs_cu.cuArray3DCreate_v2(arr, desc);
     uint64_t depth = desc->Flags & GS_ARRAY_CUBEMAP ? mul_sat(desc->Depth ? desc->Depth : 1, 6) : desc->Depth;
-    GS_ARRAY_HOOK(gs_array_bytes(desc->Width, desc->Height, depth, desc->Format, desc->NumChannels, desc->Flags, 1),
-                  gs_cu.cuArray3DCreate_v2(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
+    GS_ALLOC_CURRENT(&gs_arrays,
+                     gs_array_bytes(desc->Width, desc->Height, depth, desc->Format, desc->NumChannels, desc->Flags, 1),
+                     gs_cu.cuArray3DCreate_v2(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
 }
 
 GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc,
@@ -99,9 +89,10 @@ GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRA
     if (!desc)
         return gs_cu.cuMipmappedArrayCreate(arr, desc, levels);
     uint64_t depth = desc->Flags & GS_ARRAY_CUBEMAP ? mul_sat(desc->Depth ? desc->Depth : 1, 6) : desc->Depth;
-    GS_ARRAY_HOOK(gs_array_bytes(desc->Width, desc->Height, depth, desc->Format, desc->NumChannels, desc->Flags,
-                                 levels),
-                  gs_cu.cuMipmappedArrayCreate(arr, desc, levels), arr, gs_cu.cuMipmappedArrayDestroy(*arr));
+    GS_ALLOC_CURRENT(&gs_arrays,
+                     gs_array_bytes(desc->Width, desc->Height, depth, desc->Format, desc->NumChannels, desc->Flags,
+                                    levels),
+                     gs_cu.cuMipmappedArrayCreate(arr, desc, levels), arr, gs_cu.cuMipmappedArrayDestroy(*arr));
 }
 
 GS_EXPORT CUresult cuArrayDestroy(CUarray arr)

@@ -9,12 +9,8 @@ static CUresult open_handle(gs_pfn_cuIpcOpenMemHandle real, CUdeviceptr *dptr, C
                             unsigned int flags)
 {
     int d;
-    CUresult rc = gs_alloc_target(&d);
-    if (rc)
-        return rc;
-    if (d < 0 || !dptr)
-        return real(dptr, handle, flags);
-    rc = real(dptr, handle, flags);
+    GS_ALLOC_TARGET(d, dptr, real(dptr, handle, flags));
+    CUresult rc = real(dptr, handle, flags);
     if (rc != CUDA_SUCCESS)
         return rc;
     CUdeviceptr base = 0;

@@ -21,48 +21,38 @@ static void child_after_fork(void)
 }
 GS_ON_FORK_CHILD(child_after_fork)
 
-#define GS_ALLOC_CURRENT(bytes, call, dptr, undo)                                              \
-    do {                                                                                       \
-        int d_;                                                                                \
-        CUresult rc0_ = gs_alloc_target(&d_);                                                  \
-        if (rc0_)                                                                              \
-            return rc0_;                                                                       \
-        if (d_ < 0 || !(dptr))                                                                 \
-            return (call);                                                                     \
-        GS_TRACKED(d_, gs_charge_size(d_, (bytes)), &gs_pointers, (call), *(dptr), undo);      \
-    } while (0)
-
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     GS_ENTER_OR_RETURN(cuMemAlloc_v2);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAlloc_v2(dptr, bytesize), dptr, gs_cu.cuMemFree_v2(*dptr));
+    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAlloc_v2(dptr, bytesize), dptr, gs_cu.cuMemFree_v2(*dptr));
 }
 
 /* The CUDA 3.1 entry point, still exported by the driver (32-bit device pointers). */
 GS_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     GS_ENTER_OR_RETURN(cuMemAlloc);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAlloc(dptr, bytesize), dptr,
+    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAlloc(dptr, bytesize), dptr,
                      gs_cu.cuMemFree ? gs_cu.cuMemFree(*dptr) : CUDA_SUCCESS);
 }
 
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     GS_ENTER_OR_RETURN(cuMemAllocManaged);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocManaged(dptr, bytesize, flags), dptr, gs_cu.cuMemFree_v2(*dptr));
+    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAllocManaged(dptr, bytesize, flags), dptr,
+                     gs_cu.cuMemFree_v2(*dptr));
 }
 
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocAsync);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocAsync(dptr, bytesize, stream), dptr,
+    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAllocAsync(dptr, bytesize, stream), dptr,
                      gs_cu.cuMemFreeAsync(*dptr, stream));
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocAsync_ptsz);
-    GS_ALLOC_CURRENT(bytesize, gs_cu.cuMemAllocAsync_ptsz(dptr, bytesize, stream), dptr,
+    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAllocAsync_ptsz(dptr, bytesize, stream), dptr,
                      gs_cu.cuMemFreeAsync_ptsz(*dptr, stream));
 }
 
@@ -128,11 +118,7 @@ static CUresult from_pool(gs_pfn_cuMemAllocFromPoolAsync real, gs_pfn_cuMemFreeA
                           size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
     int d;
-    CUresult rc = gs_alloc_target(&d);
-    if (rc)
-        return rc;
-    if (d < 0 || !dptr)
-        return real(dptr, bytesize, pool, stream);
+    GS_ALLOC_TARGET(d, dptr, real(dptr, bytesize, pool, stream));
     int pd;
     if (pool_device(pool, &pd)) {
         if (pd < 0)

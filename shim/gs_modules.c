@@ -28,13 +28,10 @@ static uint64_t free_now(void)
 #define GS_MODULE_LOAD(call, mod)                                                          \
     do {                                                                                   \
         int d_;                                                                            \
-        CUresult rc_ = gs_alloc_target(&d_);                                               \
-        if (rc_)                                                                           \
-            return rc_;                                                                    \
-        if (d_ < 0 || !(mod))                                                              \
-            return (call);                                                                 \
+        GS_ALLOC_TARGET(d_, (mod), (call));                                                \
         int tracked_;                                                                      \
-        if ((rc_ = gs_alloc_begin(d_, 0, &tracked_)) != CUDA_SUCCESS)                      \
+        CUresult rc_ = gs_alloc_begin(d_, 0, &tracked_);                                   \
+        if (rc_ != CUDA_SUCCESS)                                                           \
             return rc_; /* a blocked GPU, or the context does not fit */                   \
         if (!tracked_)                                                                     \
             return (call);                                                                 \
