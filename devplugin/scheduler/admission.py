@@ -55,8 +55,10 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
 
     names = resource_names()
     n = req.gpus_per_container
+    env_names: dict[str, list[str]] = {}  # container name -> the env names it sets
     for _, _, spec in _containers(pod):
         cname = str(spec.get("name", ""))
+        env_names.setdefault(cname, [str(e.get("name", "")) for e in spec.get("env") or [] if isinstance(e, Mapping)])
         res = spec.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         for full in names:
@@ -93,20 +95,13 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
                      + ("" if n > 1 else f" or label the pod {LABEL_ACK_MULTI_GPU}=N to split it"))
             if not largest_gpu_units:
                 warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
-            for env in _env_names(c.name, pod):
+            for env in env_names.get(c.name, ()):
                 if env in RESERVED_ENV_EXACT or env.startswith(RESERVED_ENV_PREFIXES):
                     deny("reserved_env", f"{where}: sets env {env}, which the node daemon sets for GPU shares; "
                          "remove it from the pod spec")
     if problems:
         return Verdict(False, "; ".join(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
-
-
-def _env_names(container: str, pod: Mapping) -> list[str]:
-    for _, _, spec in _containers(pod):
-        if spec.get("name") == container:
-            return [str(e.get("name", "")) for e in spec.get("env") or [] if isinstance(e, Mapping)]
-    return []
 
 
 def _asks_gpu(spec: Mapping) -> bool:
