@@ -207,11 +207,11 @@ class Allocator(PairingFallback, ViewSync):
             match = find_container(fresh, kind.value, amount, taken) if fresh is not None else None
             self.on_lookup("direct" if match is not None else "no_answer" if fresh is None else "not_found")
             if match is None:
-                why = ("the apiserver did not answer within the lookup budget" if fresh is None and pods is None
+                # named, and its pod told, once PodResources and the pod cache can name it (ViewSync.reconcile)
+                why = ("the apiserver did not answer within the lookup budget" if fresh is None
                        else f"no pending container on this node asks for {amount} {self.node.resource_name(kind)}")
                 log.warning("placing without pod identity: %s; using node-local pairing", why,
                             extra={"fields": {"resource": self.node.resource_name(kind), "amount": amount}})
-                self.reporter.unidentified(kind, amount, why)
         return match
 
     def _reuse(self, kind: Kind, amount: int, ids: Sequence[str], taken: set[tuple[str, str]]

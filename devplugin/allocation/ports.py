@@ -74,9 +74,6 @@ class Reporter:
     def warning(self, pod: PodRequest, reason: str, message: str) -> None:
         pass
 
-    def unidentified(self, kind: Kind, amount: int, why: str) -> None:
-        pass
-
     def occupancy_changed(self, holdings: Holdings) -> None:
         pass
 

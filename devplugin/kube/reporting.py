@@ -179,9 +179,6 @@ class ClusterReporter(Reporter):
     def warning(self, pod: PodRequest, reason: str, message: str) -> None:
         self.writer.pod_event(pod.namespace, pod.name, pod.uid, "Warning", reason, message)
 
-    def unidentified(self, kind: Kind, amount: int, why: str) -> None:
-        pass  # the container is named, and told, once PodResources and the pod cache can name it (see reconcile)
-
     def occupancy_changed(self, holdings: Holdings) -> None:
         self.set_occupancy(occupancy(holdings, self.node))
         self._holdings = holdings
