@@ -5,22 +5,17 @@
 #include "gs_alloc.h"
 
 /* The GPU a graph allocation goes to, from its pool properties: -1 when nothing is accounted. */
-static CUresult graph_target(const CUDA_MEM_ALLOC_NODE_PARAMS *p, int *d)
+static int graph_target(const CUDA_MEM_ALLOC_NODE_PARAMS *p)
 {
-    *d = -1;
-    if (!p || !gs_devices_ready() || !gs_any_limit)
-        return CUDA_SUCCESS;
-    if (p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_SUCCESS;
-    *d = p->poolProps.location.id;
-    return CUDA_SUCCESS;
+    if (!p || !gs_devices_ready() || !gs_any_limit || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return -1;
+    return p->poolProps.location.id;
 }
 
 /* Reserve for the node, add it, keep the charge (never given back) or roll back. */
 #define GS_GRAPH_NODE(params, call)                                             \
     do {                                                                        \
-        int d_, tracked_;                                                       \
-        graph_target((params), &d_);                                            \
+        int tracked_, d_ = graph_target(params);                                \
         if (d_ < 0)                                                             \
             return (call);                                                      \
         uint64_t charge_ = gs_charge_size(d_, (params)->bytesize);              \
