@@ -8,7 +8,7 @@ from devplugin.kube.podresources import list_containers
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet_results import AdmissionError
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, running
+from tests.daemon_harness import CORE, COUNT, MEM, Running, running
 
 WAIT_S = 5.0  # a freed GPU is back in node allocatable within this (PodResources is re-read every 2 s)
 
@@ -18,6 +18,16 @@ def pod(name: str, **limits: int) -> PodSpec:
     return PodSpec(name=name, containers=[ContainerSpec("main", {names[k]: v for k, v in limits.items()})])
 
 
+def whole_and_shared(r: Running) -> PodSpec:
+    """On 2 GPUs of 4 GiB: A takes one whole, B holds 1 GiB and 50 % of the other; returns A."""
+    assert r.registered_all()
+    a = pod("a", count=1)
+    r.kubelet.admit(a)
+    r.kubelet.admit(pod("b", mem=1, core=50))
+    assert r.kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 4, timeout=5)  # A's GPU left the pool
+    return a
+
+
 def test_fallback_units_come_back_when_a_whole_gpu_pod_ends() -> None:
     """Without an apiserver only PodResources tells the daemon that a gpu-count pod ended (the kubelet calls no
     plugin to free devices): the freed GPU's units must come back to node allocatable within a few seconds."""
@@ -25,11 +35,7 @@ def test_fallback_units_come_back_when_a_whole_gpu_pod_ends() -> None:
     # GPU. (C asks for memory only: with two resources the pairing fallback may place the first one blind, its known
     # limit, which is not what this test is about.)
     with running(seed_node(2, 4096), seed=3) as r:
-        assert r.registered_all()
-        a = pod("a", count=1)
-        r.kubelet.admit(a)
-        r.kubelet.admit(pod("b", mem=1, core=50))
-        assert r.kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 4, timeout=5)  # A's GPU left the pool
+        a = whole_and_shared(r)
         r.kubelet.remove_pod(a.uid)
         came_back = r.kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 8, timeout=WAIT_S)
         try:
@@ -71,11 +77,7 @@ def test_fallback_a_reread_frees_the_gpu_of_a_short_lived_pod() -> None:
     are refused (bench/churn.py --mode fallback, 2,000 admissions: 54 to 168 refused for stale state with the
     2 s grace, depending on the admission rate; 5 with 0.2 s)."""
     with running(seed_node(2, 4096), seed=3) as r:
-        assert r.registered_all()
-        a = pod("a", count=1)
-        r.kubelet.admit(a)
-        r.kubelet.admit(pod("b", mem=1, core=50))
-        assert r.kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 4, timeout=5)  # A's GPU left the pool
+        a = whole_and_shared(r)
         time.sleep(0.5)
         r.kubelet.remove_pod(a.uid)
         assert r.nd.sync.sync()  # the next PodResources read (the timer's, or the one before a refusal)

@@ -50,12 +50,6 @@ def admission_calls(calls: list[str]) -> dict[tuple[str, str], int]:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiserver]:
-    with FakeApiserver() as fake:
-        yield fake
-
-
-@pytest.fixture
 def r(api: FakeApiserver) -> Iterator[Running]:
     with running(apiserver=api, health_port=0) as run:
         assert run.registered_all()

@@ -18,12 +18,6 @@ from tests.daemon_harness import CORE, COUNT, MEM, Running, _until, running
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiserver]:
-    with FakeApiserver() as fake:
-        yield fake
-
-
-@pytest.fixture
 def r(api: FakeApiserver) -> Iterator[Running]:
     with running(apiserver=api) as run:
         assert run.registered_all()
