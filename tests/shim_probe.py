@@ -92,6 +92,12 @@ def make_node(tmp_path: Path, n: int = 2, memory_mib: int = 16384) -> Node:
     return Node(FakeDriver.create(tmp_path / "node", gpus(n, memory_mib)), tmp_path)
 
 
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    """A fake node of two 16 GiB GPUs (the fixture of the shim's tests; a test file may define its own)."""
+    return make_node(tmp_path)
+
+
 def run(env: dict[str, str], *steps: str | int, mode: str = "gpa", timeout: float = 60) -> list[dict]:
     """Run the probe to the end; its JSON lines, parsed. The probe's stderr goes to result.stderr."""
     return run_full(env, *steps, mode=mode, timeout=timeout).steps

@@ -11,21 +11,16 @@ from tests.shim_probe import (
     CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_SUCCESS,
     MiB,
-    make_node,
     run,
     run_full,
     start,
     until,
 )
+from tests.shim_probe import node as node  # the fixture
 
 CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_NOT_FOUND = 500
 FLOAT = "0x20"
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path)
 
 
 def used_in_view(step: dict) -> int:

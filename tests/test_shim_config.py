@@ -14,15 +14,10 @@ from tests.shim_probe import (
     CUDA_SUCCESS,
     SHIM,
     GiB,
-    make_node,
     run,
     run_full,
 )
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path)
+from tests.shim_probe import node as node  # the fixture
 
 
 def limits_for(node, *per_gpu: tuple[int, int, int], policy: str = "default") -> contract.Limits:

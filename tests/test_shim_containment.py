@@ -24,19 +24,14 @@ from tests.shim_probe import (
     TESTS,
     GiB,
     MiB,
-    make_node,
     run,
     run_full,
     start,
     until,
 )
+from tests.shim_probe import node as node  # the fixture
 
 DEV0_LIMIT = 64 + 96  # struct gs_region: the 64-byte header, then dev[0] = {char uuid[96]; uint64_t limit}
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path)
 
 
 def neighbour_cache(node, tmp_path: Path) -> Path:

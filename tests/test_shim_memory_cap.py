@@ -15,14 +15,10 @@ from tests.shim_probe import (
     start,
     until,
 )
+from tests.shim_probe import node as node  # the fixture
 
 MODES = ["gpa", "gpa-ptsz", "dlsym", "linked"]
 DEVICE_KINDS = ["alloc", "managed", "async", "pool", "create"]
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -12,11 +12,7 @@ import subprocess
 import pytest
 
 from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, TESTS, GiB, make_node, run, start, until
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path)
+from tests.shim_probe import node as node  # the fixture
 
 
 def test_four_forked_processes_share_one_limit(node):

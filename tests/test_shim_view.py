@@ -5,15 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from devplugin import contract
 from tests.shim_probe import CUDA_SUCCESS, GiB, MiB, make_node, run, start, until
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path)
+from tests.shim_probe import node as node  # the fixture
 
 
 def test_cuda_shows_the_slice_and_what_is_used_of_it(node):
