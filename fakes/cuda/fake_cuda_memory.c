@@ -74,32 +74,37 @@ static int map_put(uint64_t key, uint64_t bytes, int dev)
     return rc;
 }
 
+/* The slot holding key, or SIZE_MAX; with map.lock held. */
+static size_t map_find(uint64_t key)
+{
+    if (!map.cap)
+        return SIZE_MAX;
+    size_t i = slot_of(key, map.cap);
+    while (map.slots[i].key && map.slots[i].key != key)
+        i = (i + 1) & (map.cap - 1);
+    return map.slots[i].key == key ? i : SIZE_MAX;
+}
+
 /* Remove key; 1 and *out when it was there. Backward-shift deletion keeps probe chains whole. */
 static int map_take(uint64_t key, struct entry *out)
 {
-    int found = 0;
     pthread_mutex_lock(&map.lock);
-    if (map.cap) {
-        size_t i = slot_of(key, map.cap);
-        while (map.slots[i].key && map.slots[i].key != key)
-            i = (i + 1) & (map.cap - 1);
-        if (map.slots[i].key == key) {
-            *out = map.slots[i];
-            found = 1;
-            map.count--;
-            size_t hole = i;
-            for (size_t j = (i + 1) & (map.cap - 1); map.slots[j].key; j = (j + 1) & (map.cap - 1)) {
-                size_t home = slot_of(map.slots[j].key, map.cap);
-                if (((j - home) & (map.cap - 1)) >= ((j - hole) & (map.cap - 1))) {
-                    map.slots[hole] = map.slots[j];
-                    hole = j;
-                }
+    size_t i = map_find(key);
+    if (i != SIZE_MAX) {
+        *out = map.slots[i];
+        map.count--;
+        size_t hole = i;
+        for (size_t j = (i + 1) & (map.cap - 1); map.slots[j].key; j = (j + 1) & (map.cap - 1)) {
+            size_t home = slot_of(map.slots[j].key, map.cap);
+            if (((j - home) & (map.cap - 1)) >= ((j - hole) & (map.cap - 1))) {
+                map.slots[hole] = map.slots[j];
+                hole = j;
             }
-            map.slots[hole].key = 0;
         }
+        map.slots[hole].key = 0;
     }
     pthread_mutex_unlock(&map.lock);
-    return found;
+    return i != SIZE_MAX;
 }
 
 static void child_after_fork(void)
@@ -195,20 +200,14 @@ static CUresult allocate(CUdeviceptr *dptr, uint64_t bytes, int dev)
 
 int fake_mem_lookup(uint64_t addr, uint64_t *bytes, int *dev)
 {
-    int found = 0;
     pthread_mutex_lock(&map.lock);
-    if (map.cap) {
-        size_t i = slot_of(addr, map.cap);
-        while (map.slots[i].key && map.slots[i].key != addr)
-            i = (i + 1) & (map.cap - 1);
-        if (map.slots[i].key == addr) {
-            *bytes = map.slots[i].bytes;
-            *dev = map.slots[i].dev;
-            found = 1;
-        }
+    size_t i = map_find(addr);
+    if (i != SIZE_MAX) {
+        *bytes = map.slots[i].bytes;
+        *dev = map.slots[i].dev;
     }
     pthread_mutex_unlock(&map.lock);
-    return found;
+    return i != SIZE_MAX;
 }
 
 CUresult fake_mem_free(uint64_t key)
