@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from devplugin.contract import LABEL_MODE
 from devplugin.contract import LEGACY_MODE_LABELS as LEGACY_LABELS
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

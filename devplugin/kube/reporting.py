@@ -8,7 +8,6 @@ published by a debounced background thread. The annotation formats are the clust
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,8 +21,6 @@ from devplugin.allocation.ports import Reporter
 from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import Kind
 from devplugin.deviceplugin.devices import SHARED, WHOLE
-
-log = logging.getLogger(__name__)
 
 USAGE_DEBOUNCE_S = 0.1
 
