@@ -69,6 +69,13 @@ static nvmlReturn_t device(nvmlDevice_t d, const struct fake_gpu_info **g)
     return NVML_SUCCESS;
 }
 
+/* device(), then NVML_ERROR_INVALID_ARGUMENT when the output pointer is NULL (NVML checks in that order). */
+static nvmlReturn_t device_out(nvmlDevice_t d, const struct fake_gpu_info **g, const void *out)
+{
+    nvmlReturn_t r = device(d, g);
+    return r == NVML_SUCCESS && !out ? NVML_ERROR_INVALID_ARGUMENT : r;
+}
+
 static nvmlReturn_t copy_string(char *dst, unsigned int length, const char *src)
 {
     if (!dst)
@@ -299,9 +306,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, n
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !index)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, index);
     if (r == NVML_SUCCESS)
         *index = dev->index;
     return r;
@@ -324,9 +329,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsig
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minorNumber)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !minorNumber)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, minorNumber);
     if (r == NVML_SUCCESS)
         *minorNumber = g->minor;
     return r;
@@ -335,9 +338,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned i
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !pci)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, pci);
     if (r != NVML_SUCCESS)
         return r;
     memset(pci, 0, sizeof *pci);
@@ -365,9 +366,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, nvmlPciInfo_t 
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned int *node)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !node)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, node);
     if (r == NVML_SUCCESS && g->numa_node < 0)
         r = NVML_ERROR_NOT_SUPPORTED;
     if (r == NVML_SUCCESS)
@@ -391,9 +390,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, 
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t dev, nvmlDeviceAttributes_t *attrs)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !attrs)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, attrs);
     if (r != NVML_SUCCESS)
         return r;
     memset(attrs, 0, sizeof *attrs);
@@ -425,9 +422,7 @@ static void memory_of(nvmlDevice_t dev, const struct fake_gpu_info *g, unsigned 
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !memory)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, memory);
     if (r != NVML_SUCCESS)
         return r;
     unsigned long long total, reserved, used;
@@ -441,9 +436,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !memory)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, memory);
     if (r == NVML_SUCCESS && memory->version != nvmlMemory_v2)
         r = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (r != NVML_SUCCESS)
@@ -479,9 +472,7 @@ static unsigned gpu_utilisation(struct fake_gpu_state *st, unsigned gpu)
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *utilization)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !utilization)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, utilization);
     if (r != NVML_SUCCESS)
         return r;
     utilization->gpu = gpu_utilisation(g_map->state, dev->index);
@@ -542,9 +533,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvm
                                                            unsigned int *count, unsigned long long lastSeen)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !count)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, count);
     if (r == NVML_SUCCESS && !process_utilisation_supported())
         r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
@@ -567,9 +556,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t de
                                                                  nvmlProcessesUtilizationInfo_t *info)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !info)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, info);
     if (r == NVML_SUCCESS && info->version != nvmlProcessesUtilizationInfo_v1)
         r = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (r == NVML_SUCCESS && !process_utilisation_supported())
@@ -597,9 +584,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned int *infoCount, nv
                                    nvmlProcessInfo_v1_t *infos_v1)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !infoCount)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, infoCount);
     if (r != NVML_SUCCESS)
         return r;
     const struct fake_gpu_state *st = g_map->state;
@@ -649,9 +634,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t
 {
     (void)infos;
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !infoCount)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, infoCount);
     if (r == NVML_SUCCESS)
         *infoCount = 0;
     return r;
@@ -709,9 +692,7 @@ FAKE_NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *eventTypes)
 {
     const struct fake_gpu_info *g;
-    nvmlReturn_t r = device(dev, &g);
-    if (r == NVML_SUCCESS && !eventTypes)
-        r = NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = device_out(dev, &g, eventTypes);
     if (r == NVML_SUCCESS)
         *eventTypes = g->events_supported ? SUPPORTED_EVENTS : 0;
     return r;
