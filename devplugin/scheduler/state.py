@@ -45,6 +45,7 @@ class Held:
     key: str
     node: str
     shares: Holding
+    source: str
     assumed: bool = False
     expires: float = 0.0  # clock time after which an unbound assumption is dropped
     bound: bool = False  # our Binding was created; the watch has not shown the pod bound yet
@@ -201,7 +202,7 @@ class ClusterState:
             if pod.finished:
                 self._drop(pod.uid)
             elif held is not None:
-                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1]))
+                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1], held[0]))
             elif old is not None and pod.node_name and not old.assumed:
                 self._drop(pod.uid)  # its annotations are gone
             elif old is not None and old.assumed and pod.node_name:
@@ -241,7 +242,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ assumptions
     def assume(self, pod: PodRequest, node: str, shares: Holding) -> Held:
-        held = Held(pod.uid, pod.key, node, counted(pod, shares), assumed=True,
+        held = Held(pod.uid, pod.key, node, counted(pod, shares), "assumed", assumed=True,
                     expires=self.clock() + self.assume_ttl_s)
         with self._lock:
             self._keep(held)
