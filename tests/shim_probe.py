@@ -143,3 +143,17 @@ def until(proc: subprocess.Popen, op: str) -> list[dict]:
     while not seen or seen[-1]["op"] != op:
         seen.append(next_step(proc))
     return seen
+
+
+def go_on(*procs: subprocess.Popen) -> None:
+    """Let probes held at a `ready` step go on."""
+    for proc in procs:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+
+
+def go_on_together(*procs: subprocess.Popen) -> None:
+    """Wait until every probe is held at its `ready` step, then let them all go on at once."""
+    for proc in procs:
+        until(proc, "ready")
+    go_on(*procs)

@@ -11,7 +11,7 @@ import pynvml
 import pytest
 
 from devplugin_sim.fake_driver import FakeDriver
-from tests.shim_probe import Node, gpus, next_step, require_built, start, until
+from tests.shim_probe import Node, go_on, go_on_together, gpus, next_step, require_built, start, until
 
 OFFSET = 100000
 SIM = {"FAKE_CUDA_NS_PER_BLOCK": "1000", "FAKE_CUDA_QUEUE_US": "20000"}
@@ -37,8 +37,7 @@ def test_a_context_lists_the_process_under_its_host_pid(node: Node) -> None:
     try:
         until(idle, "ready")
         assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []  # no context yet
-        idle.stdin.write("\n")
-        idle.stdin.flush()
+        go_on(idle)
         until(idle, "ready")
         listed = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
         assert listed == [idle.pid + OFFSET] and idle.pid not in listed
@@ -71,8 +70,7 @@ def test_per_process_utilisation_follows_the_kernels_each_process_ran(node: Node
     try:
         until(busy, "ready")
         until(idle, "ready")
-        busy.stdin.write("\n")
-        busy.stdin.flush()
+        go_on(busy)
         time.sleep(0.3)
         # NULL buffer: INSUFFICIENT_SIZE and the count needed.
         count = ctypes.c_uint(0)
@@ -101,11 +99,7 @@ def test_kernels_of_two_processes_share_the_gpu_timeline(node: Node) -> None:
     procs = [start(node.env(shim=False, **SIM), "init", "ctx", 0, "ready", "launchfor", "launch", 1200, 1000, "ready")
              for _ in range(2)]
     try:
-        for p in procs:
-            until(p, "ready")
-        for p in procs:
-            p.stdin.write("\n")
-            p.stdin.flush()
+        go_on_together(*procs)
         time.sleep(0.4)
         before, t0 = {t.pid: t.busy_ns for t in node.driver.process_times(0)}, time.monotonic()
         time.sleep(0.5)

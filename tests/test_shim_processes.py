@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, TESTS, GiB, make_node, run, start, until
+from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, TESTS, GiB, go_on_together, make_node, run, start, until
 from tests.shim_probe import node as node  # the fixture
 
 
@@ -93,11 +93,7 @@ def test_racing_processes_and_threads_never_overshoot_the_limit_nor_leak(tmp_pat
     env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g")
     procs = [start(env, "init", "ctx", 0, "ready", "hammer", 4, 20000, "96m", "counters") for _ in range(3)]
     try:
-        for proc in procs:
-            until(proc, "ready")
-        for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
+        go_on_together(*procs)
         results = [until(proc, "counters")[-2:] for proc in procs]
     finally:
         for proc in procs:
