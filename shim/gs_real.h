@@ -87,12 +87,19 @@
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory))         \
     X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t * memory))
 
-#define GS_NVML_USED(X)                                                                   \
-    X(nvmlInit_v2, (void))                                                                \
-    X(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device))                \
-    X(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length))          \
-    X(nvmlDeviceGetIndex, (nvmlDevice_t device, unsigned int *index))                     \
-    X(nvmlDeviceGetUtilizationRates, (nvmlDevice_t device, nvmlUtilization_t *utilization))
+#define GS_NVML_USED(X)                                                                                 \
+    X(nvmlInit_v2, (void))                                                                              \
+    X(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device))                              \
+    X(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length))                        \
+    X(nvmlDeviceGetIndex, (nvmlDevice_t device, unsigned int *index))                                   \
+    X(nvmlDeviceGetUtilizationRates, (nvmlDevice_t device, nvmlUtilization_t *utilization))             \
+    /* per-process figures (gs_usage.c has their layouts) */                                            \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, (nvmlDevice_t device, unsigned int *count, void *infos)) \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, (nvmlDevice_t device, unsigned int *count, void *infos)) \
+    X(nvmlDeviceGetComputeRunningProcesses, (nvmlDevice_t device, unsigned int *count, void *infos))    \
+    X(nvmlDeviceGetProcessUtilization,                                                                  \
+      (nvmlDevice_t device, void *samples, unsigned int *count, unsigned long long last_seen))          \
+    X(nvmlDeviceGetProcessesUtilizationInfo, (nvmlDevice_t device, void *info))
 
 #define GS_PFN_TYPEDEF(name, params) typedef CUresult(*gs_pfn_##name) params;
 GS_CUDA_HOOKED(GS_PFN_TYPEDEF)

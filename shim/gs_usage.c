@@ -1,12 +1,8 @@
 /* NVML readings for the compute share; see gs_usage.h. */
-#define _GNU_SOURCE
 #include "gs_usage.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
-#include <stdlib.h>
 
-#include "gpushare_contract.h"
 #include "gs_log.h"
 #include "gs_real.h"
 
@@ -49,16 +45,10 @@ _Static_assert(sizeof(gs_nvml_proc_sample_t) == 32, "nvmlProcessUtilizationSampl
 _Static_assert(sizeof(gs_nvml_proc_util_t) == 40, "nvmlProcessUtilizationInfo_v1_t layout");
 _Static_assert(GS_NVML_PROCS_UTIL_V1 == 0x01000018u, "nvmlProcessesUtilizationInfo_v1 version");
 
-typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, void *);
-typedef nvmlReturn_t (*samples_fn)(nvmlDevice_t, gs_nvml_proc_sample_t *, unsigned int *, unsigned long long);
-typedef nvmlReturn_t (*info_fn)(nvmlDevice_t, gs_nvml_procs_util_t *);
-
 static struct {
     int ok;
-    list_fn list;    /* _v3, else _v2 (same struct) */
-    list_fn list_v1; /* when neither exists */
-    samples_fn samples;
-    info_fn info;
+    gs_pfn_nvmlDeviceGetComputeRunningProcesses_v3 list; /* _v3, else _v2 (same struct) */
+    gs_pfn_nvmlDeviceGetComputeRunningProcesses list_v1;  /* when neither exists */
 } nv;
 static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
 
@@ -67,18 +57,11 @@ static void load(void)
     if (gs_real_load_nvml() != 0 || !gs_nvml.nvmlInit_v2 || !gs_nvml.nvmlDeviceGetHandleByUUID ||
         gs_nvml.nvmlInit_v2() != NVML_SUCCESS)
         return;
-    const char *path = getenv(GS_ENV_REAL_LIBNVML);
-    void *h = dlopen(path && *path ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
-    gs_dlsym_fn sym = gs_real_dlsym();
-    if (h && sym) {
-        nv.list = (list_fn)sym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
-        if (!nv.list)
-            nv.list = (list_fn)sym(h, "nvmlDeviceGetComputeRunningProcesses_v2");
-        if (!nv.list)
-            nv.list_v1 = (list_fn)sym(h, "nvmlDeviceGetComputeRunningProcesses");
-        nv.samples = (samples_fn)sym(h, "nvmlDeviceGetProcessUtilization");
-        nv.info = (info_fn)sym(h, "nvmlDeviceGetProcessesUtilizationInfo");
-    }
+    nv.list = gs_nvml.nvmlDeviceGetComputeRunningProcesses_v3;
+    if (!nv.list)
+        nv.list = gs_nvml.nvmlDeviceGetComputeRunningProcesses_v2;
+    if (!nv.list)
+        nv.list_v1 = gs_nvml.nvmlDeviceGetComputeRunningProcesses;
     nv.ok = 1;
 }
 
@@ -162,9 +145,9 @@ int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *las
     nvmlReturn_t rc;
     *fresh = 0;
     *others = 0;
-    if (nv.info) {
+    if (gs_nvml.nvmlDeviceGetProcessesUtilizationInfo) {
         gs_nvml_procs_util_t info = {GS_NVML_PROCS_UTIL_V1, GS_USAGE_MAX_PROCS, *last_seen_us, info_buf};
-        rc = nv.info(dev, &info);
+        rc = gs_nvml.nvmlDeviceGetProcessesUtilizationInfo(dev, &info);
         if (rc == NVML_SUCCESS) {
             n = info.processSamplesCount < GS_USAGE_MAX_PROCS ? info.processSamplesCount : GS_USAGE_MAX_PROCS;
             for (unsigned i = 0; i < n; i++) {
@@ -173,9 +156,9 @@ int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *las
                 newest = info_buf[i].timeStamp > newest ? info_buf[i].timeStamp : newest;
             }
         }
-    } else if (nv.samples) {
+    } else if (gs_nvml.nvmlDeviceGetProcessUtilization) {
         unsigned int count = GS_USAGE_MAX_PROCS;
-        rc = nv.samples(dev, sample_buf, &count, *last_seen_us);
+        rc = gs_nvml.nvmlDeviceGetProcessUtilization(dev, sample_buf, &count, *last_seen_us);
         if (rc == NVML_SUCCESS) {
             n = count < GS_USAGE_MAX_PROCS ? count : GS_USAGE_MAX_PROCS;
             for (unsigned i = 0; i < n; i++) {
