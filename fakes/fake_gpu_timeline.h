@@ -42,9 +42,9 @@ static inline int fake_tl_alive(int32_t pid)
     return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
 }
 
-static inline void fake_tl_lock(uint32_t *word)
+/* Take the lock as process `me` (the caller's getpid()). */
+static inline void fake_tl_lock_as(uint32_t *word, uint32_t me)
 {
-    uint32_t me = (uint32_t)getpid();
     for (unsigned spins = 0;; spins++) {
         uint32_t cur = 0;
         if (__atomic_compare_exchange_n(word, &cur, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
@@ -56,6 +56,11 @@ static inline void fake_tl_lock(uint32_t *word)
             return; /* the holder died inside its critical section */
         sched_yield();
     }
+}
+
+static inline void fake_tl_lock(uint32_t *word)
+{
+    fake_tl_lock_as(word, (uint32_t)getpid());
 }
 
 static inline void fake_tl_unlock(uint32_t *word)
@@ -138,7 +143,7 @@ static inline int fake_tl_attach(struct fake_gpu_state *s, unsigned gpu)
 {
     int32_t me = (int32_t)getpid();
     int found = -1, free_slot = -1;
-    fake_tl_lock(&s->proc_lock);
+    fake_tl_lock_as(&s->proc_lock, (uint32_t)me);
     for (int i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         struct fake_gpu_proc *p = &s->procs[i];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
@@ -181,7 +186,7 @@ static inline uint64_t fake_tl_queue(struct fake_gpu_state *s, unsigned gpu, int
 {
     struct fake_gpu_timeline *t = &s->timeline[gpu];
     int32_t me = (int32_t)getpid();
-    fake_tl_lock(&t->lock);
+    fake_tl_lock_as(&t->lock, (uint32_t)me);
     uint64_t now = fake_tl_now_ns();
     fake_tl_settle(s, gpu, now);
     fake_tl_sample(s, gpu, now);
