@@ -11,6 +11,7 @@ import pynvml
 import pytest
 
 from devplugin_sim.fake_driver import FakeDriver
+from devplugin_sim.gpu_share import Container
 from tests.shim_probe import Node, go_on, go_on_together, gpus, next_step, require_built, start, until
 
 OFFSET = 100000
@@ -123,3 +124,27 @@ def test_processes_utilization_info_checks_its_version(node: Node, fake_nvml_lib
     assert pynvml.ProcessesUtilizationInfo_v1 == 0x01000018
     rc = fake_nvml_lib.nvmlDeviceGetProcessesUtilizationInfo(h, ctypes.byref(info))  # NULL array
     assert rc == pynvml.NVML_ERROR_INSUFFICIENT_SIZE and info.processSamplesCount > 0
+
+
+@pytest.mark.parametrize("setting,problem", [
+    ({"sample_period_ms": 0}, "sample_period_ms must be 1..10000, not 0"),
+    ({"sample_period_ms": 10001}, "sample_period_ms must be 1..10000, not 10001"),
+    ({"host_pid_offset": -1}, "host_pid_offset must be 0..2^31-1, not -1"),
+    ({"host_pid_offset": 1 << 31}, f"host_pid_offset must be 0..2^31-1, not {1 << 31}"),
+])
+def test_timeline_settings_out_of_range_are_refused_by_name(tmp_path, setting, problem) -> None:
+    with pytest.raises(ValueError) as err:
+        FakeDriver.create(tmp_path / "node", gpus(1), **setting)
+    assert str(err.value) == problem
+    assert not (tmp_path / "node").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("share,processes,problem", [
+    (0, 1, "container c: share 0 is not a percentage 1..100"),
+    (101, 1, "container c: share 101 is not a percentage 1..100"),
+    (30, 0, "container c: needs at least one process, not 0"),
+])
+def test_a_share_bench_container_with_a_bad_setting_is_refused_by_name(share, processes, problem) -> None:
+    with pytest.raises(ValueError) as err:
+        Container("c", share=share, processes=processes)
+    assert str(err.value) == problem
