@@ -128,12 +128,12 @@ FAKE_EXPORT(cuIpcCloseMemHandle)
 static CUresult load_image(CUmodule *mod, const char *image)
 {
     unsigned long long bytes;
-    if (image && !strncmp(image, ".version", 8) && strstr(image, ".entry"))
-        bytes = 0; /* PTX (scripts/gpu/spin_share.c): its kernels are timed, not run; it takes no memory */
-    else if (!mod || !image || sscanf(image, "fake-module %llu", &bytes) != 1)
-        return CUDA_ERROR_INVALID_VALUE; /* CUDA_ERROR_INVALID_IMAGE, as far as the tests care */
-    if (!mod)
+    if (!mod || !image)
         return CUDA_ERROR_INVALID_VALUE;
+    if (!strncmp(image, ".version", 8) && strstr(image, ".entry"))
+        bytes = 0; /* PTX (scripts/gpu/spin_share.c): its kernels are timed, not run; it takes no memory */
+    else if (sscanf(image, "fake-module %llu", &bytes) != 1)
+        return CUDA_ERROR_INVALID_VALUE; /* CUDA_ERROR_INVALID_IMAGE, as far as the tests care */
     if (!bytes) {
         *mod = (CUmodule)(uintptr_t)fake_mem_new_address(1);
         return CUDA_SUCCESS;
