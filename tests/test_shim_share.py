@@ -109,6 +109,18 @@ def test_a_share_without_a_usable_usage_file_is_refused(tmp_path):
     assert "refusing CUDA" in result.stderr and "compute share" in result.stderr
 
 
+def test_a_gpu_lock_directory_that_cannot_be_used_is_named_and_the_context_still_made(tmp_path):
+    # The lock only keeps two containers' context creations apart: without it CUDA goes on, and the warning
+    # names the lock file and what is no longer guaranteed.
+    node = make_node(tmp_path)
+    missing = tmp_path / "no-such-dir"
+    env = node.env(CUDA_DEVICE_SM_LIMIT=30, GPUSHARE_GPU_LOCK_DIR=str(missing))
+    result = run_full(env, "init", "ctx", 0, "launch", 1, 1)
+    assert [s["rc"] for s in result.steps] == [0, 0, 0]
+    assert f"cannot open the GPU lock {missing}/" in result.stderr, result.stderr
+    assert "not guaranteed" in result.stderr
+
+
 def stats_of(out: str) -> dict:
     return json.loads(next(line for line in out.splitlines() if '"op":"stats"' in line))
 
