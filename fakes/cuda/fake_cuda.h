@@ -20,6 +20,7 @@
 #ifndef FAKE_CUDA_H
 #define FAKE_CUDA_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,6 +75,14 @@ void fake_sim_attach(int dev);
 /* Export `name` as an alias of the hidden implementation impl_<name>. */
 #define FAKE_EXPORT(name) \
     extern __typeof__(impl_##name) name __attribute__((alias("impl_" #name), visibility("default")));
+
+/* What a forked child must reset, registered at load time by the file that keeps that state:
+ *     FAKE_ON_FORK_CHILD(child_after_fork) */
+#define FAKE_ON_FORK_CHILD(fn)                                            \
+    __attribute__((constructor)) static void fake_register_##fn(void) \
+    {                                                                     \
+        pthread_atfork(NULL, NULL, fn);                                   \
+    }
 
 
 #endif /* FAKE_CUDA_H */

@@ -115,10 +115,7 @@ static void child_after_fork(void)
     fake_current = NULL;
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, child_after_fork);
-}
+FAKE_ON_FORK_CHILD(child_after_fork)
 
 __attribute__((destructor)) static void release_contexts(void)
 {

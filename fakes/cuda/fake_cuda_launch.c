@@ -86,10 +86,7 @@ static void child_after_fork(void)
     memset(last_end, 0, sizeof last_end);
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, child_after_fork);
-}
+FAKE_ON_FORK_CHILD(child_after_fork)
 
 /* A process that ends leaves NVML's process lists. */
 __attribute__((destructor)) static void detach(void)

@@ -116,10 +116,7 @@ static void child_after_fork(void)
     __atomic_store_n(&fake_counters.live_bytes, 0, __ATOMIC_RELAXED);
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, child_after_fork);
-}
+FAKE_ON_FORK_CHILD(child_after_fork)
 
 /* A process that ends gives its memory back, as the real driver does (a killed one keeps it charged in the
  * state file: tests that kill processes size the fake GPU for that). */

@@ -18,10 +18,7 @@ static void child_after_fork(void)
     pending = 0;
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, child_after_fork);
-}
+FAKE_ON_FORK_CHILD(child_after_fork)
 
 void fake_host_calls_wait(void)
 {
