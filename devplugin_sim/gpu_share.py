@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devplugin import contract
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,16 +91,16 @@ class Run:
         state.mkdir(parents=True, exist_ok=True)
         env.update({
             "GS_PROBE_LIBCUDA": str(FAKE_CUDA),
-            "GPUSHARE_REAL_LIBCUDA": str(FAKE_CUDA),
-            "GPUSHARE_REAL_LIBNVML": str(FAKE_NVML),
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(state / "usage.cache"),
-            "GPUSHARE_CONTEXT_RESERVE": "0",
-            "GPUSHARE_GPU_LOCK_DIR": str(self.work / "gpu-locks"),
+            contract.ENV_REAL_LIBCUDA: str(FAKE_CUDA),
+            contract.ENV_REAL_LIBNVML: str(FAKE_NVML),
+            contract.ENV_SHARED_CACHE: str(state / "usage.cache"),
+            contract.ENV_CONTEXT_RESERVE: "0",
+            contract.ENV_GPU_LOCK_DIR: str(self.work / "gpu-locks"),
             "FAKE_CUDA_NS_PER_BLOCK": str(self.workload.ns_per_block),
             "FAKE_CUDA_QUEUE_US": str(self.workload.queue_us),
             "FAKE_CUDA_CONTEXT_DELAY_MS": str(self.workload.context_ms),
-            "CUDA_DEVICE_SM_LIMIT": str(c.share),
-            "GPU_CORE_UTILIZATION_POLICY": c.policy,
+            contract.ENV_SM_LIMIT: str(c.share),
+            contract.ENV_CORE_POLICY: c.policy,
         })
         if c.shim:
             env["LD_PRELOAD"] = str(SHIM)
