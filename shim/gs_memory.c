@@ -64,17 +64,15 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 {
     GS_ENTER_OR_RETURN(cuMemAllocPitch_v2);
     int d;
-    CUresult rc = gs_alloc_target(&d);
-    if (rc)
-        return rc;
-    if (d < 0 || !dptr || !pitch || width > (SIZE_MAX >> 1) || !height)
+    GS_ALLOC_TARGET(d, dptr, gs_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    if (!pitch || width > (SIZE_MAX >> 1) || !height)
         return gs_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
     uint64_t widest = ((uint64_t)width + GS_PITCH_ALIGN - 1) / GS_PITCH_ALIGN * GS_PITCH_ALIGN;
     if (widest && height > UINT64_MAX / widest)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t reserved = gs_charge_size(d, widest * height);
     int tracked;
-    rc = gs_alloc_begin(d, reserved, &tracked);
+    CUresult rc = gs_alloc_begin(d, reserved, &tracked);
     if (rc)
         return rc;
     rc = gs_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
