@@ -403,3 +403,22 @@ def test_an_init_container_whose_devices_an_app_container_reuses_holds_no_room_o
     other = pod("cold", init=[container("fetch", mem=3)], containers=[container("main", mem=4)])
     out = filter_nodes(st, other, ["n1"])
     assert out.failed["n1"] == "container 'fetch': GPU 0,1: at most 2 GiB free on one GPU, 3 GiB asked"
+
+
+def test_a_pod_recorded_container_by_container_keeps_its_other_containers_counted() -> None:
+    """The node daemon writes gpushare.io/allocated container by container: while only the first container is
+    recorded, the second still holds what the scheduler chose for it (issue 14, defect 1)."""
+    two = [container("a", mem=4, core=45), container("b", mem=4, core=55)]
+    choice = PodAssignment("n1", 1, {"a": (GpuShare(0, "", 4, 45),), "b": (GpuShare(0, "", 4, 55),)})
+    first = PodAssignment("n1", 2, {"a": (GpuShare(0, "", 4, 45),)})
+    p = pod("two", containers=two, node_name="n1", phase="Pending",
+            annotations={ANN_SCHEDULED: choice.render(), ANN_ALLOCATED: first.render()})
+    st = state_with(node("n1", gpus=1, units=16), pods=(p,))
+    out = filter_nodes(st, pod("next", mem=1, core=5), ["n1"])
+    assert out.passed == [] and "n1" in out.failed  # 45 + 55 % of GPU 0 is taken, not 45
+    assert st.held(p["metadata"]["uid"]).source == ANN_SCHEDULED
+    both = PodAssignment("n1", 3, {"a": (GpuShare(0, "", 4, 45),), "b": (GpuShare(0, "", 4, 50),)})
+    p["metadata"]["annotations"][ANN_ALLOCATED] = both.render()
+    st.upsert_pod(p)
+    assert st.held(p["metadata"]["uid"]).source == ANN_ALLOCATED
+    assert filter_nodes(st, pod("next", mem=1, core=5), ["n1"]).passed == ["n1"]  # 45 + 50 held: 5 % free

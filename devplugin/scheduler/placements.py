@@ -1,9 +1,11 @@
 """Which GPUs a pod holds, read from its annotations (ours first, then ACK's and Alibaba's).
 
-Order: ANN_ALLOCATED (what the node daemon placed), ANN_SCHEDULED (the extender's choice), ACK's
-`scheduler.framework.gpushare.allocation` (+ its core-percentage twin), Alibaba's `ALIYUN_COM_GPU_MEM_IDX`
-with the pod's own gpu-mem and core asks. An unreadable annotation is skipped (logged) for the next source.
-Init containers count only while the pod is Pending: once it runs they are done.
+Each container counts from ANN_ALLOCATED (what the node daemon placed) once that record names it; until then
+from the scheduler's choice: ANN_SCHEDULED (the extender's), ACK's `scheduler.framework.gpushare.allocation`
+(+ its core-percentage twin), Alibaba's `ALIYUN_COM_GPU_MEM_IDX` with the pod's own gpu-mem and core asks. The
+daemon writes ANN_ALLOCATED container by container, so a pod is read container by container: its other
+containers are not forgotten while the first one's record is written. An unreadable annotation is skipped
+(logged) for the next source. Init containers count only while the pod is Pending: once it runs they are done.
 """
 
 from __future__ import annotations
@@ -30,19 +32,36 @@ Holding = Mapping[str, tuple[GpuShare, ...]]  # container name -> its GPU shares
 
 
 def pod_holding(pod: PodRequest) -> tuple[str, Holding] | None:
-    """(source annotation, container -> shares) for a pod, or None when no annotation says where it is."""
+    """(source annotation, container -> shares) for a pod, or None when no annotation says where it is. The
+    source is ANN_ALLOCATED once every container the choice names is recorded, else the choice's annotation."""
+    allocated = _assignment(pod, ANN_ALLOCATED)
+    choice = _choice(pod)
+    if allocated is None:
+        return (choice[0], counted(pod, choice[1])) if choice is not None else None
+    if choice is None or not set(choice[1]) - set(allocated):
+        return ANN_ALLOCATED, counted(pod, allocated)
+    return choice[0], counted(pod, {**choice[1], **allocated})
+
+
+def _assignment(pod: PodRequest, key: str) -> Holding | None:
+    if key not in pod.annotations:
+        return None
+    try:
+        return parse_assignment(pod.annotations[key], key).containers
+    except AnnotationError as exc:
+        log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
+        return None
+
+
+def _choice(pod: PodRequest) -> tuple[str, Holding] | None:
+    """Where a scheduler chose to put the pod's containers: (annotation, container -> shares), or None."""
     ann = pod.annotations
-    for key in (ANN_ALLOCATED, ANN_SCHEDULED):
-        if key in ann:
-            try:
-                held = parse_assignment(ann[key], key).containers
-            except AnnotationError as exc:
-                log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
-                continue
-            return key, counted(pod, held)
+    scheduled = _assignment(pod, ANN_SCHEDULED)
+    if scheduled is not None:
+        return ANN_SCHEDULED, scheduled
     if ANN_ACK_ALLOCATION in ann:
         try:
-            return ANN_ACK_ALLOCATION, counted(pod, _ack_holding(pod))
+            return ANN_ACK_ALLOCATION, _ack_holding(pod)
         except AnnotationError as exc:
             log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
     if ANN_ALIYUN_MEM_IDX in ann:
@@ -54,8 +73,8 @@ def pod_holding(pod: PodRequest) -> tuple[str, Holding] | None:
             return None
         if index < 0:
             return None
-        held = {c.name: (GpuShare(index, "", c.mem, c.core),) for c in pod.containers if c.mem or c.core}
-        return ANN_ALIYUN_MEM_IDX, counted(pod, held)
+        return ANN_ALIYUN_MEM_IDX, {c.name: (GpuShare(index, "", c.mem, c.core),)
+                                    for c in pod.containers if c.mem or c.core}
     return None
 
 
