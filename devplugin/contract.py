@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from devplugin import bounded as b
+
 # --- Env set by the daemon on Allocate -------------------------------------------------------
 # Which GPU(s) the container sees: GPU UUIDs, comma separated (read by the NVIDIA container runtime).
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -182,9 +184,10 @@ ANN_NODE_GPUS = "gpushare.io/gpus"  # NodeInventory JSON: mode, placement, unit,
 ANN_NODE_USAGE = "gpushare.io/gpu-usage"  # NodeUsage JSON: room in use per GPU; changes make kube-scheduler retry
 
 ANNOTATION_VERSION = 1
+MAX_CONTAINERS = 256  # containers named in one pod's annotation (init and app together)
 
 
-class AnnotationError(ValueError):
+class AnnotationError(b.RefusedValue):
     """An annotation that does not parse; the message names the annotation and what is wrong."""
 
 
@@ -222,29 +225,37 @@ class PodAssignment:
 
 def parse_assignment(text: str, annotation: str = ANN_SCHEDULED) -> PodAssignment:
     """Parse ANN_SCHEDULED / ANN_ALLOCATED; AnnotationError naming what is wrong."""
-    doc = _load_object(text, annotation)
     try:
+        doc = b.load_json_object(text, f"annotation {annotation}")
         containers: dict[str, tuple[GpuShare, ...]] = {}
-        raw = doc.get("containers") or {}
-        if not isinstance(raw, dict):
-            raise TypeError("containers is not an object")
+        raw = b.obj(doc.get("containers", {}), "containers")
+        if len(raw) > MAX_CONTAINERS:
+            raise b.RefusedValue(f"containers has {len(raw)} entries; a pod has at most {MAX_CONTAINERS}")
         for name, shares in raw.items():
-            if not isinstance(shares, list):
-                raise TypeError(f"container {name!r}: expected a list of GPUs")
-            containers[str(name)] = tuple(_share(s) for s in shares)
-        return PodAssignment(node=str(doc.get("node", "")), time_ns=int(doc.get("time", 0)), containers=containers)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise AnnotationError(f"annotation {annotation}: {exc}") from None
+            b.short_text(name, "container name")
+            listed = b.seq(shares, f"container {name!r}: its GPUs", LIMITS_MAX_DEVICES)
+            containers[name] = tuple(_share(s, f"container {name!r}: GPU entry {i}") for i, s in enumerate(listed))
+        return PodAssignment(node=b.short_text(doc.get("node", ""), "node"),
+                             time_ns=b.nat(doc.get("time", 0), "time"), containers=containers)
+    except b.RefusedValue as exc:
+        raise AnnotationError(_named(annotation, exc)) from None
 
 
-def _share(raw: object) -> GpuShare:
-    if not isinstance(raw, dict):
-        raise TypeError(f"GPU entry {raw!r} is not an object")
-    share = GpuShare(index=int(raw["index"]), uuid=str(raw.get("uuid", "")), mem=int(raw.get("mem", 0)),
-                     core=int(raw.get("core", 0)), whole=bool(raw.get("whole", False)))
-    if share.index < 0 or share.mem < 0 or not 0 <= share.core <= CORE_PER_GPU:
-        raise ValueError(f"GPU entry {raw!r}: index and mem must be >= 0, core 0..{CORE_PER_GPU}")
-    return share
+def _share(raw: object, what: str) -> GpuShare:
+    doc = b.obj(raw, what)
+    if "index" not in doc:
+        raise b.RefusedValue(f"{what}: no index")
+    return GpuShare(index=b.nat(doc["index"], f"{what}: index", b.MAX_GPU_INDEX),
+                    uuid=b.short_text(doc.get("uuid", ""), f"{what}: uuid"),
+                    mem=b.nat(doc.get("mem", 0), f"{what}: mem", b.MAX_AMOUNT),
+                    core=b.nat(doc.get("core", 0), f"{what}: core", CORE_PER_GPU),
+                    whole=b.flag(doc.get("whole", False), f"{what}: whole"))
+
+
+def _named(annotation: str, exc: Exception) -> str:
+    """The refusal's message, naming the annotation once."""
+    msg = str(exc)
+    return msg if msg.startswith(f"annotation {annotation}") else f"annotation {annotation}: {msg}"
 
 
 @dataclass(frozen=True)
@@ -279,19 +290,28 @@ class NodeInventory:
 
 
 def parse_inventory(text: str) -> NodeInventory:
-    doc = _load_object(text, ANN_NODE_GPUS)
     try:
-        gpus = tuple(
-            NodeGpu(index=int(g["index"]), uuid=str(g["uuid"]), model=str(g.get("model", "")),
-                    mem_units=int(g["memUnits"]), memory_mib=int(g.get("memMiB", 0)),
-                    healthy=bool(g.get("healthy", True)))
-            for g in doc["gpus"]
-        )
-        return NodeInventory(mode=str(doc["mode"]), placement=str(doc.get("placement", "binpack")),
-                             mem_unit_mib=int(doc.get("memUnitMiB", 1024)), gpus=gpus,
-                             domain=str(doc.get("domain", DEFAULT_RESOURCE_DOMAIN)))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise AnnotationError(f"annotation {ANN_NODE_GPUS}: {exc!r}") from None
+        doc = b.load_json_object(text, f"annotation {ANN_NODE_GPUS}")
+        if "gpus" not in doc or "mode" not in doc:
+            raise b.RefusedValue("needs both mode and gpus")
+        gpus = []
+        for i, raw in enumerate(b.seq(doc["gpus"], "gpus", b.MAX_GPU_INDEX + 1)):
+            g = b.obj(raw, f"gpus[{i}]")
+            if "index" not in g or "uuid" not in g or "memUnits" not in g:
+                raise b.RefusedValue(f"gpus[{i}] needs index, uuid and memUnits")
+            gpus.append(NodeGpu(index=b.nat(g["index"], f"gpus[{i}].index", b.MAX_GPU_INDEX),
+                                uuid=b.short_text(g["uuid"], f"gpus[{i}].uuid"),
+                                model=b.short_text(g.get("model", ""), f"gpus[{i}].model"),
+                                mem_units=b.nat(g["memUnits"], f"gpus[{i}].memUnits", b.MAX_AMOUNT),
+                                memory_mib=b.nat(g.get("memMiB", 0), f"gpus[{i}].memMiB", b.MAX_AMOUNT),
+                                healthy=b.flag(g.get("healthy", True), f"gpus[{i}].healthy")))
+        return NodeInventory(mode=b.short_text(doc["mode"], "mode"),
+                             placement=b.short_text(doc.get("placement", "binpack"), "placement"),
+                             mem_unit_mib=b.nat(doc.get("memUnitMiB", 1024), "memUnitMiB", b.MAX_AMOUNT),
+                             gpus=tuple(gpus),
+                             domain=b.short_text(doc.get("domain", DEFAULT_RESOURCE_DOMAIN), "domain"))
+    except b.RefusedValue as exc:
+        raise AnnotationError(_named(ANN_NODE_GPUS, exc)) from None
 
 
 @dataclass(frozen=True)
@@ -320,38 +340,57 @@ class NodeUsage:
 
 
 def parse_usage(text: str) -> NodeUsage:
-    doc = _load_object(text, ANN_NODE_USAGE)
     try:
-        gpus = {int(i): GpuUsage(mem=int(u.get("mem", 0)), core=int(u.get("core", 0)),
-                                 containers=int(u.get("containers", 0)), whole=bool(u.get("whole", False)))
-                for i, u in (doc.get("gpus") or {}).items()}
-        return NodeUsage(gpus=gpus, time_ns=int(doc.get("time", 0)))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise AnnotationError(f"annotation {ANN_NODE_USAGE}: {exc!r}") from None
+        doc = b.load_json_object(text, f"annotation {ANN_NODE_USAGE}")
+        gpus = {}
+        for key, raw in b.obj(doc.get("gpus", {}), "gpus").items():
+            i = b.nat_text(key, "GPU index", b.MAX_GPU_INDEX)
+            u = b.obj(raw, f"gpus[{key}]")
+            gpus[i] = GpuUsage(mem=b.nat(u.get("mem", 0), f"gpus[{key}].mem", b.MAX_AMOUNT),
+                               core=b.nat(u.get("core", 0), f"gpus[{key}].core", b.MAX_AMOUNT),
+                               containers=b.nat(u.get("containers", 0), f"gpus[{key}].containers", b.MAX_AMOUNT),
+                               whole=b.flag(u.get("whole", False), f"gpus[{key}].whole"))
+        return NodeUsage(gpus=gpus, time_ns=b.nat(doc.get("time", 0), "time"))
+    except b.RefusedValue as exc:
+        raise AnnotationError(_named(ANN_NODE_USAGE, exc)) from None
 
 
 def parse_ack_allocation(text: str, annotation: str = ANN_ACK_ALLOCATION) -> dict[int, dict[int, int]]:
     """ACK's {"<app container index>": {"<GPU index>": amount}} as {container index: {GPU index: amount}}."""
-    doc = _load_object(text, annotation)
     try:
-        return {int(c): {int(g): int(v) for g, v in per_gpu.items()} for c, per_gpu in doc.items()}
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise AnnotationError(f"annotation {annotation}: {exc!r}") from None
+        doc = b.load_json_object(text, f"annotation {annotation}")
+        if len(doc) > MAX_CONTAINERS:
+            raise b.RefusedValue(f"{len(doc)} containers; a pod has at most {MAX_CONTAINERS}")
+        out: dict[int, dict[int, int]] = {}
+        for ckey, per_gpu in doc.items():
+            ci = b.nat_text(ckey, "container index", MAX_CONTAINERS)
+            out[ci] = {b.nat_text(gkey, f"container {ckey}: GPU index", b.MAX_GPU_INDEX):
+                       b.nat(v, f"container {ckey}: GPU {gkey}", b.MAX_AMOUNT)
+                       for gkey, v in b.obj(per_gpu, f"container {ckey}").items()}
+        return out
+    except b.RefusedValue as exc:
+        raise AnnotationError(_named(annotation, exc)) from None
+
+
+def parse_assume_time(text: str, annotation: str) -> int:
+    """ACK's and Alibaba's assume-time annotations: Unix nanoseconds in ASCII digits."""
+    try:
+        return b.nat_text(text, f"annotation {annotation}")
+    except b.RefusedValue as exc:
+        raise AnnotationError(str(exc)) from None
+
+
+def parse_gpu_index(text: str, annotation: str = ANN_ALIYUN_MEM_IDX) -> int:
+    """Alibaba's ALIYUN_COM_GPU_MEM_IDX: one GPU index in ASCII digits."""
+    try:
+        return b.nat_text(text, f"annotation {annotation}", b.MAX_GPU_INDEX)
+    except b.RefusedValue as exc:
+        raise AnnotationError(str(exc)) from None
 
 
 def render_ack_allocation(alloc: Mapping[int, Mapping[int, int]]) -> str:
     return json.dumps({str(c): {str(g): v for g, v in sorted(per.items())} for c, per in sorted(alloc.items())},
                       separators=(",", ":"))
-
-
-def _load_object(text: str, annotation: str) -> dict:
-    try:
-        doc = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise AnnotationError(f"annotation {annotation} is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise AnnotationError(f"annotation {annotation} must be a JSON object, got {type(doc).__name__}")
-    return doc
 
 
 def c_header() -> str:

@@ -31,15 +31,49 @@ def test_assignment_inventory_usage_and_ack_allocation_round_trip() -> None:
 
 @pytest.mark.parametrize(("text", "expect"), [
     ("{nope", "annotation gpushare.io/scheduled is not JSON"),
-    ("[1, 2]", "must be a JSON object, got list"),
-    ('{"containers": {"main": {"index": 0}}}', "container 'main': expected a list of GPUs"),
-    ('{"containers": {"main": [{"index": -1}]}}', "index and mem must be >= 0, core 0..100"),
-    ('{"containers": {"main": [{"index": 0, "core": 150}]}}', "core 0..100"),
-    ('{"containers": {"main": [{"uuid": "GPU-a"}]}}', "annotation gpushare.io/scheduled"),
+    ("[1, 2]", "must be a JSON object, not list"),
+    ('{"containers": {"main": {"index": 0}}}', "container 'main': its GPUs must be a JSON list"),
+    ('{"containers": {"main": [{"index": -1}]}}', "the number -1 is negative"),
+    ('{"containers": {"main": [{"index": 0, "core": 150}]}}', "core is 150; it must be 0..100"),
+    ('{"containers": {"main": [{"uuid": "GPU-a"}]}}', "annotation gpushare.io/scheduled: container 'main': GPU "
+                                                       "entry 0: no index"),
+    ('{"time": 1e999}', "the number 1e999 is not a whole number"),
+    ('{"time": 1.5}', "the number 1.5 is not a whole number"),
+    ('{"time": NaN}', "NaN is not a number JSON allows"),
+    ('{"time": 99999999999999999999}', "is larger than 9223372036854775807"),
+    ('{"containers": {"main": [{"index": true}]}}', "index must be a whole number 0..1023, not true"),
+    ('{"containers": {"main": [{"index": 0, "mem": 4294967296}]}}', "mem is 4294967296; it must be 0..2147483647"),
+    ('{"node": 7}', "node must be text, not 7"),
+    ("[" * 50000 + "]" * 50000, "is 100000 characters long; at most 65536 are read"),
+    ("[" * 30000 + "]" * 30000, "nested too deeply"),
 ])
 def test_a_scheduled_annotation_that_cannot_be_trusted_is_refused_with_the_reason(text: str, expect: str) -> None:
     with pytest.raises(c.AnnotationError, match=re.escape(expect)):
         c.parse_assignment(text)
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ('{"0": {"0": -15}}', "the number -15 is negative"),
+    ('{"0": {"0": 1e999}}', "the number 1e999 is not a whole number"),
+    ('{"\u00b9": {"0": 1}}', "container index is '\u00b9'; it must be a whole number"),
+    ('{"0": {"\u0661": 1}}', "GPU index is '\u0661'"),
+    ('{"0": {"0": false}}', "container 0: GPU 0 must be a whole number"),
+    ('{"0": [1]}', "container 0 must be a JSON object"),
+])
+def test_an_ack_allocation_that_cannot_be_trusted_is_refused_with_the_reason(text: str, expect: str) -> None:
+    with pytest.raises(c.AnnotationError, match=re.escape(f"annotation {c.ANN_ACK_ALLOCATION}")) as err:
+        c.parse_ack_allocation(text)
+    assert expect in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u00b9\u00b9", "-1", "1e9", " 7", "", "1" * 20, "\u0661\u0662"])
+def test_assume_times_and_gpu_indexes_take_ascii_digits_only(text: str) -> None:
+    with pytest.raises(c.AnnotationError, match="must be a whole number 0..9223372036854775807 written in the digits"):
+        c.parse_assume_time(text, c.ANN_ACK_ASSUME_TIME)
+    with pytest.raises(c.AnnotationError, match=c.ANN_ALIYUN_MEM_IDX):
+        c.parse_gpu_index(text)
+    assert c.parse_assume_time("1700000000000000000", c.ANN_ACK_ASSUME_TIME) == 1700000000000000000
+    assert c.parse_gpu_index("3") == 3
 
 
 @pytest.mark.parametrize(("parse", "name"), [(c.parse_inventory, c.ANN_NODE_GPUS), (c.parse_usage, c.ANN_NODE_USAGE),
@@ -54,8 +88,13 @@ def _pod(limits: dict[str, object], labels: dict[str, str] | None = None) -> dic
             "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}}
 
 
-@pytest.mark.parametrize(("value", "expect"), [("1.5", "not a whole number"), ("2Gi", "not a whole number"),
-                                               (True, "not a whole number"), ("-1", "is negative")])
+@pytest.mark.parametrize(("value", "expect"), [("1.5", "not a whole number"), ("2Gi", "is more than 2147483647"),
+                                               ("500m", "not a whole number"), ("1e999", "is more than"),
+                                               (True, "is not a quantity"), ("-1", "is negative"),
+                                               ("\u00b9", "is not a Kubernetes quantity"),
+                                               ("\u0661", "is not a Kubernetes quantity"),
+                                               ("1_000", "is not a Kubernetes quantity"),
+                                               ("NaN", "is not a Kubernetes quantity")])
 def test_a_quantity_that_is_not_a_whole_number_of_units_is_refused(value: object, expect: str) -> None:
     with pytest.raises(PodRequestError, match=f"container 'main': aliyun.com/gpu-mem: .*{expect}"):
         pod_request(_pod({"aliyun.com/gpu-mem": value}))
@@ -65,13 +104,20 @@ def test_whole_quantities_in_their_usual_spellings_are_read() -> None:
     req = pod_request(_pod({"aliyun.com/gpu-mem": "2", "aliyun.com/gpu-core.percentage": 30, "aliyun.com/gpu-count":
                             "1k"})).containers[0]
     assert (req.mem, req.core, req.count) == (2, 30, 1000)
+    # the apiserver keeps these spellings as written; they are the integers 10, 2,000,000 and 1,024
+    req = pod_request(_pod({"aliyun.com/gpu-mem": "1e1", "aliyun.com/gpu-core.percentage": "2M",
+                            "aliyun.com/gpu-count": "1Ki"})).containers[0]
+    assert (req.mem, req.core, req.count) == (10, 2_000_000, 1024)
+    assert pod_request(_pod({"aliyun.com/gpu-mem": "1.0"})).containers[0].mem == 1
 
 
 def test_a_multi_gpu_count_that_is_not_a_positive_whole_number_is_refused() -> None:
     with pytest.raises(PodRequestError, match="multi-GPU count 'two'.*is not a whole number"):
         pod_request(_pod({"aliyun.com/gpu-mem": "4"}, labels={c.LABEL_ACK_MULTI_GPU: "two"}))
-    with pytest.raises(PodRequestError, match="multi-GPU count -2 must be 1 or more"):
+    with pytest.raises(PodRequestError, match="multi-GPU count '-2'.*is not a whole number 1..1024"):
         pod_request(_pod({"aliyun.com/gpu-mem": "4"}, labels={c.LABEL_ACK_MULTI_GPU: "-2"}))
+    with pytest.raises(PodRequestError, match="multi-GPU count '\u00b2'"):
+        pod_request(_pod({"aliyun.com/gpu-mem": "4"}, labels={c.LABEL_ACK_MULTI_GPU: "\u00b2"}))
     assert pod_request(_pod({"aliyun.com/gpu-mem": "4"}, labels={c.LABEL_ACK_MULTI_GPU: "2"})).gpus_per_container == 2
 
 

@@ -117,3 +117,19 @@ def test_no_kubeconfig_says_what_to_set(monkeypatch: pytest.MonkeyPatch,
     assert err.startswith("inspect: cannot load a kubeconfig") and "set KUBECONFIG or --kubeconfig" in err
     assert main(["--kubeconfig", "/nonexistent/other"]) == 1
     assert capsys.readouterr().err.startswith("inspect: cannot load a kubeconfig: ")
+
+
+def test_hostile_annotations_do_not_crash_inspect(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
+    for i, ann in enumerate(({ANN_ALLOCATED: '{"time": 1e999}'}, {"scheduler.framework.gpushare.allocation":
+                             '{"0": {"0": 1e999}}'}, {ANN_ALIYUN_MEM_IDX: "\u00b2"},
+                             {ANN_SCHEDULED: '{"containers": {"main": [{"index": 0, "mem": -15}]}}'})):
+        cluster.add_pod(name=f"hostile-{i}", node_name="gpu-a", phase="Running", limits={MEM: 1}, annotations=ann)
+    cluster.add_pod(name="cpu-hostile", node_name="gpu-a", phase="Running",
+                    annotations={ANN_ALLOCATED: '{"time": 1e999}'})
+    cluster.add_pod(name="bad-quantity", node_name="gpu-a", phase="Running", limits={MEM: "\u00b9"})
+    cluster.add_node("gpu-d", annotations={"gpushare.io/gpus": '{"mode": "core_mem", "gpus": [{"index": 1e999}]}'})
+    doc = json.loads(run(capsys, cluster, "-o", "json"))
+    gpu0 = doc["nodes"][0]["gpus"][0]
+    assert (gpu0["memAllocated"], gpu0["memTotal"]) == (10, 16)  # junk takes no room
+    assert "the number 1e999 is not a whole number" in doc["nodes"][3]["problem"]
+    assert {p["name"] for p in doc["pending"]} >= {"hostile-0", "hostile-1", "hostile-2", "hostile-3"}

@@ -38,6 +38,14 @@ def test_requests_must_equal_limits() -> None:
     only_requests = container()
     only_requests["resources"] = {"requests": {MEM: "2"}}
     assert "set in requests only; set it in limits" in deny(pod(containers=[only_requests]))
+
+
+@pytest.mark.parametrize(("spelled", "same"), [("1e1", "10"), ("1e1", "1e1"), ("1k", "1000")])
+def test_quantities_the_apiserver_keeps_as_written_are_allowed(spelled: str, same: str) -> None:
+    c = container(mem=0)
+    c["resources"] = {"limits": {MEM: spelled}, "requests": {MEM: same}}
+    verdict = validate(pod(containers=[c]), 2000)
+    assert verdict.allowed, verdict.message
     limits_only = container(mem=4)
     del limits_only["resources"]["requests"]
     assert validate(pod(containers=[limits_only]), LARGEST).allowed

@@ -9,7 +9,7 @@ import warnings
 
 import jsonpatch
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 with warnings.catch_warnings():  # Starlette's note about the HTTP library under its test client
@@ -161,6 +161,9 @@ def test_no_input_crashes_the_service(http: TestClient, path: str, doc: object) 
                                                "aliyun.com/gpu-count"]),
                               st.integers(-5, 300) | st.text(max_size=4), max_size=3),
        labels=st.dictionaries(st.just("aliyun.com/gpu-count"), st.text(max_size=3), max_size=1))
+@example(limits={"aliyun.com/gpu-mem": "\u00b9"}, labels={})  # str.isdigit() takes it, int() does not
+@example(limits={"aliyun.com/gpu-mem": "2"}, labels={"aliyun.com/gpu-count": "\u00b2"})
+@example(limits={"aliyun.com/gpu-mem": "1e1", "aliyun.com/gpu-count": "1e999"}, labels={})
 def test_any_resource_values_get_an_answer(http: TestClient, limits: dict, labels: dict) -> None:
     p = pod(labels=labels)
     p["spec"]["containers"][0]["resources"] = {"limits": limits}

@@ -31,9 +31,12 @@ def assume_time(pod: PodRequest) -> int | None:
         except c.AnnotationError:
             pass
     for name in (c.ANN_ACK_ASSUME_TIME, c.ANN_ALIYUN_ASSUME_TIME):
-        value = ann.get(name, "")
-        if value.isdigit():
-            return int(value)
+        value = ann.get(name)
+        if value:
+            try:
+                return c.parse_assume_time(value, name)
+            except c.AnnotationError:
+                continue
     return None
 
 
@@ -73,7 +76,11 @@ def scheduler_choice(pod: PodRequest, container: ContainerRequest, node: Node) -
             problems.append(f"{c.ANN_ACK_ALLOCATION} names GPU {missing[0]}, which this node lacks")
     raw = ann.get(c.ANN_ALIYUN_MEM_IDX)
     if raw is not None and raw != "" and container.mem:
-        if raw.lstrip("-").isdigit() and int(raw) in by_index:
-            return Choice((by_index[int(raw)],), c.ANN_ALIYUN_MEM_IDX), ""
-        problems.append(f"{c.ANN_ALIYUN_MEM_IDX}={raw!r} is not a GPU index of this node")
+        try:
+            index: int | None = c.parse_gpu_index(raw)
+        except c.AnnotationError:
+            index = None
+        if index in by_index:
+            return Choice((by_index[index],), c.ANN_ALIYUN_MEM_IDX), ""
+        problems.append(f"{c.ANN_ALIYUN_MEM_IDX}={raw[:40]!r} is not a GPU index of this node")
     return None, "; ".join(problems)

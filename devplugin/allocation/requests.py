@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from devplugin.bounded import MAX_GPU_INDEX, RefusedValue, nat_text, whole_quantity
 from devplugin.contract import (
     ANN_MULTI_GPU,
     CORE_PER_GPU,
@@ -95,23 +96,12 @@ def resource_names(domain: str = DEFAULT_RESOURCE_DOMAIN) -> tuple[str, str, str
 
 
 def quantity(value: object, what: str) -> int:
-    """An extended-resource quantity as a whole number; PodRequestError for fractions and junk."""
-    if isinstance(value, bool):
-        raise PodRequestError(f"{what}: {value!r} is not a whole number")
-    if isinstance(value, int):
-        n = value
-    else:
-        text = str(value).strip()
-        if text.endswith("k") and text[:-1].isdigit():
-            n = int(text[:-1]) * 1000
-        elif text.isdigit() or (text.startswith("-") and text[1:].isdigit()):
-            n = int(text)
-        else:
-            raise PodRequestError(f"{what}: {value!r} is not a whole number; extended resources are counted in "
-                                  "whole units")
-    if n < 0:
-        raise PodRequestError(f"{what}: {n} is negative")
-    return n
+    """An extended-resource quantity as a whole number (`4`, `1e1`, `2k`, `1Ki` are whole); PodRequestError for
+    fractions, negatives, junk and values past bounded.MAX_AMOUNT."""
+    try:
+        return whole_quantity(value, what)
+    except RefusedValue as exc:
+        raise PodRequestError(str(exc)) from None
 
 
 def _container(spec: Mapping, position: int, app_index: int, init: bool, domain: str) -> ContainerRequest:
@@ -144,10 +134,11 @@ def multi_gpu_count(labels: Mapping[str, str], annotations: Mapping[str, str]) -
     if raw in (None, "", "0"):
         return 1
     try:
-        n = int(str(raw))
-    except ValueError:
-        raise PodRequestError(f"multi-GPU count {raw!r} (label {LABEL_ACK_MULTI_GPU} or annotation "
-                              f"{ANN_MULTI_GPU}) is not a whole number") from None
+        n = nat_text(raw, "multi-GPU count", MAX_GPU_INDEX + 1)
+    except RefusedValue:
+        raise PodRequestError(f"multi-GPU count {str(raw)[:40]!r} (label {LABEL_ACK_MULTI_GPU} or annotation "
+                              f"{ANN_MULTI_GPU}) is not a whole number 1..{MAX_GPU_INDEX + 1} written in the digits "
+                              "0-9") from None
     if n < 1:
         raise PodRequestError(f"multi-GPU count {n} must be 1 or more")
     return n

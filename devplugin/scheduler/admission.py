@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from devplugin.allocation.requests import PodRequestError, check_core, per_gpu_share, pod_request, resource_names
+from devplugin.bounded import RefusedValue, whole_quantity
 from devplugin.contract import (
     ENV_NVIDIA_VISIBLE_DEVICES,
     LABEL_ACK_MULTI_GPU,
@@ -65,7 +66,7 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
             if full in requests and full not in limits:
                 deny("requests_only", f"container {cname!r}: {full} is set in requests only; set it in limits "
                      "(extended resources need requests equal to limits)")
-            elif full in requests and str(requests[full]) != str(limits[full]):
+            elif full in requests and _differ(requests[full], limits[full]):
                 deny("request_not_limit", f"container {cname!r}: {full} request {requests[full]} differs from its "
                      f"limit {limits[full]}; set them equal")
     warnings: list[str] = []
@@ -102,6 +103,14 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
     if problems:
         return Verdict(False, "; ".join(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
+
+
+def _differ(request: object, limit: object) -> bool:
+    """Whether a request and a limit are different quantities (`10` and `1e1` are the same)."""
+    try:
+        return whole_quantity(request, "request") != whole_quantity(limit, "limit")
+    except RefusedValue:
+        return str(request) != str(limit)
 
 
 def _asks_gpu(spec: Mapping) -> bool:

@@ -24,6 +24,7 @@ from devplugin.contract import (
     GpuShare,
     parse_ack_allocation,
     parse_assignment,
+    parse_gpu_index,
 )
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,9 @@ def _choice(pod: PodRequest) -> tuple[str, Holding] | None:
             log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
     if ANN_ALIYUN_MEM_IDX in ann:
         try:
-            index = int(ann[ANN_ALIYUN_MEM_IDX])
-        except ValueError:
-            log.warning("annotation %s=%r is not a GPU index; ignoring it", ANN_ALIYUN_MEM_IDX,
-                        ann[ANN_ALIYUN_MEM_IDX], extra={"fields": {"pod": pod.key}})
-            return None
-        if index < 0:
+            index = parse_gpu_index(ann[ANN_ALIYUN_MEM_IDX])
+        except AnnotationError as exc:
+            log.warning("%s; ignoring it", exc, extra={"fields": {"pod": pod.key}})
             return None
         return ANN_ALIYUN_MEM_IDX, {c.name: (GpuShare(index, "", c.mem, c.core),)
                                     for c in pod.containers if c.mem or c.core}
