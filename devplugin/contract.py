@@ -63,6 +63,37 @@ LIMITS_VERSION = 1
 LIMITS_MAX_DEVICES = 16
 
 
+# --- The usage file (CUDA_DEVICE_MEMORY_SHARED_CACHE) -----------------------------------------------------------
+# Binary, written by the shim's processes of one container (shim/gs_region.h), read by the node daemon for the
+# per-container metrics (devplugin/isolation/usage_file.py). Little-endian; the shim asserts these offsets at
+# compile time, so a layout change fails to build until this block (and the reader) follows.
+#   header  magic u64, version u32, ndevices u32, nslots u32                                      at 0
+#   dev[USAGE_DEVICES]    uuid char[USAGE_UUID_LEN] NUL-terminated, limit u64 (bytes)            at USAGE_OFF_DEVICES
+#   slots[USAGE_SLOTS]    pid i32 (0 = free), ..., used u64[USAGE_DEVICES] at USAGE_SLOT_USED    at USAGE_OFF_SLOTS
+#   compute[USAGE_DEVICES]  at USAGE_OFF_COMPUTE: spent u64 at USAGE_COMPUTE_SPENT (tokens launches used),
+#                         used_pct i32 at USAGE_COMPUTE_USED_PCT, steps i32 at USAGE_COMPUTE_STEPS (0: not measured)
+#   stats[USAGE_DEVICES]  refused u64 (allocations refused at the cap), refused_bytes u64, throttled_ns u64
+#                         (time launches waited for the compute share)                           at USAGE_OFF_STATS
+USAGE_MAGIC = 0x3147455248534753
+USAGE_VERSION = 3
+USAGE_DEVICES = 16
+USAGE_SLOTS = 256
+USAGE_UUID_LEN = 96
+USAGE_OFF_DEVICES = 64
+USAGE_DEVICE_SIZE = USAGE_UUID_LEN + 8
+USAGE_OFF_SLOTS = USAGE_OFF_DEVICES + USAGE_DEVICES * USAGE_DEVICE_SIZE
+USAGE_SLOT_SIZE = 192
+USAGE_SLOT_USED = 16
+USAGE_OFF_COMPUTE = USAGE_OFF_SLOTS + USAGE_SLOTS * USAGE_SLOT_SIZE
+USAGE_COMPUTE_SIZE = 128
+USAGE_COMPUTE_SPENT = 32
+USAGE_COMPUTE_USED_PCT = 100
+USAGE_COMPUTE_STEPS = 108
+USAGE_OFF_STATS = USAGE_OFF_COMPUTE + USAGE_DEVICES * USAGE_COMPUTE_SIZE
+USAGE_STATS_SIZE = 64
+USAGE_FILE_SIZE = USAGE_OFF_STATS + USAGE_DEVICES * USAGE_STATS_SIZE
+
+
 @dataclass(frozen=True)
 class DeviceLimit:
     """The limits of one GPU as one container sees it."""
@@ -407,6 +438,12 @@ def c_header() -> str:
     out += [
         f"#define GS_LIMITS_VERSION {LIMITS_VERSION}",
         f"#define GS_LIMITS_MAX_DEVICES {LIMITS_MAX_DEVICES}",
+        f"#define GS_USAGE_MAGIC 0x{USAGE_MAGIC:016X}ULL",
+    ]
+    for name, value in sorted(globals().items()):
+        if name.startswith("USAGE_") and name != "USAGE_MAGIC" and isinstance(value, int):
+            out.append(f"#define GS_{name} {value}")
+    out += [
         "",
         "#endif /* GPUSHARE_CONTRACT_H */",
         "",

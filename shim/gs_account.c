@@ -29,6 +29,7 @@ uint64_t gs_charge_size(int d, uint64_t bytes)
 static void report_oom(int d, uint64_t bytes)
 {
     struct gs_dev *dev = &gs_devs[d];
+    gs_region_count_refusal(dev->rd, bytes);
     GS_INFO("out of memory on CUDA device %d: %llu bytes requested, %llu of the limit %llu in use", d,
             (unsigned long long)bytes, (unsigned long long)gs_region_usage(dev->rd), (unsigned long long)dev->limit);
 }

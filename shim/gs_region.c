@@ -382,6 +382,20 @@ void gs_region_detach(void)
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
+void gs_region_count_refusal(int rd, uint64_t bytes)
+{
+    if (!gs_region_ready() || rd < 0 || rd >= GS_REGION_DEVICES)
+        return;
+    __atomic_add_fetch(&region->stats[rd].refused, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&region->stats[rd].refused_bytes, bytes, __ATOMIC_RELAXED);
+}
+
+void gs_region_count_throttled(int rd, uint64_t ns)
+{
+    if (gs_region_ready() && rd >= 0 && rd < GS_REGION_DEVICES)
+        __atomic_add_fetch(&region->stats[rd].throttled_ns, ns, __ATOMIC_RELAXED);
+}
+
 struct gs_slot *gs_region_own_slot(void)
 {
     return attach();

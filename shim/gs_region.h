@@ -7,14 +7,17 @@
 #ifndef GS_REGION_H
 #define GS_REGION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "gpushare_contract.h"
 #include "gs_parse.h"
 
-#define GS_REGION_MAGIC 0x3147455248534753ULL /* "GSHREG1" + 0x31 read as little-endian */
-#define GS_REGION_VERSION 2u
-#define GS_REGION_SLOTS 256
-#define GS_REGION_DEVICES 16
+/* The layout is part of the contract (devplugin/contract.py, USAGE_*): the node daemon reads the figures. */
+#define GS_REGION_MAGIC GS_USAGE_MAGIC /* "GSHREG1" + 0x31 read as little-endian */
+#define GS_REGION_VERSION ((uint32_t)GS_USAGE_VERSION)
+#define GS_REGION_SLOTS GS_USAGE_SLOTS
+#define GS_REGION_DEVICES GS_USAGE_DEVICES
 
 struct gs_region_device {
     char uuid[GS_UUID_LEN]; /* "" = unused */
@@ -54,6 +57,14 @@ struct gs_region_compute {
     uint64_t resumed;       /* the container was away: the next measurement sets the rate outright */
 };
 
+/* What the node daemon exports per container and GPU, beside the memory and compute above. 64 bytes. */
+struct gs_region_stats {
+    uint64_t refused;       /* allocations refused at the memory cap */
+    uint64_t refused_bytes; /* the bytes they asked for */
+    uint64_t throttled_ns;  /* time launches waited for the compute share (summed over the processes' threads) */
+    uint64_t pad[5];
+};
+
 struct gs_region {
     uint64_t magic;
     uint32_t version;
@@ -63,10 +74,23 @@ struct gs_region {
     struct gs_region_device dev[GS_REGION_DEVICES];
     struct gs_slot slots[GS_REGION_SLOTS];
     struct gs_region_compute compute[GS_REGION_DEVICES]; /* by region device */
+    struct gs_region_stats stats[GS_REGION_DEVICES];     /* by region device */
 };
 
 _Static_assert(sizeof(struct gs_slot) == 192, "gs_slot layout");
-_Static_assert(sizeof(struct gs_region_compute) == 128, "gs_region_compute layout");
+_Static_assert(sizeof(struct gs_region_compute) == GS_USAGE_COMPUTE_SIZE, "gs_region_compute layout");
+_Static_assert(sizeof(struct gs_region_stats) == GS_USAGE_STATS_SIZE, "gs_region_stats layout");
+_Static_assert(sizeof(struct gs_region_device) == GS_USAGE_DEVICE_SIZE && GS_UUID_LEN == GS_USAGE_UUID_LEN,
+               "gs_region_device layout");
+_Static_assert(sizeof(struct gs_slot) == GS_USAGE_SLOT_SIZE && offsetof(struct gs_slot, used) == GS_USAGE_SLOT_USED,
+               "gs_slot layout (contract)");
+_Static_assert(offsetof(struct gs_region_compute, used_pct) == GS_USAGE_COMPUTE_USED_PCT &&
+               offsetof(struct gs_region_compute, steps) == GS_USAGE_COMPUTE_STEPS &&
+               offsetof(struct gs_region_compute, spent) == GS_USAGE_COMPUTE_SPENT, "gs_region_compute (contract)");
+_Static_assert(offsetof(struct gs_region, dev) == GS_USAGE_OFF_DEVICES && offsetof(struct gs_region, slots) ==
+               GS_USAGE_OFF_SLOTS && offsetof(struct gs_region, compute) == GS_USAGE_OFF_COMPUTE &&
+               offsetof(struct gs_region, stats) == GS_USAGE_OFF_STATS &&
+               sizeof(struct gs_region) == GS_USAGE_FILE_SIZE, "usage file layout: devplugin/contract.py USAGE_*");
 
 /* Map the file at path (created when missing). 0, or -1 with the reason logged. */
 int gs_region_open(const char *path);
@@ -89,6 +113,10 @@ uint64_t gs_region_usage(int rd);
 int gs_region_reap(void);
 /* Reap at most once a second (for views that are read often). */
 void gs_region_reap_lazily(void);
+
+/* Count an allocation of `bytes` refused at the cap on rd, and time launches waited on rd (the daemon's figures). */
+void gs_region_count_refusal(int rd, uint64_t bytes);
+void gs_region_count_throttled(int rd, uint64_t ns);
 
 /* This process's slot, registered when missing (NULL when the file is not open or full). */
 struct gs_slot *gs_region_own_slot(void);

@@ -265,6 +265,7 @@ void gs_gate_slow(int d, int64_t cost)
         refill(c, rate);
         if (__atomic_sub_fetch(&c->pool, batch, __ATOMIC_ACQ_REL) < 0) {
             __atomic_fetch_add(&c->waits, 1, __ATOMIC_RELAXED);
+            uint64_t waited_from = now_ns();
             int64_t pool;
             while ((pool = __atomic_load_n(&c->pool, __ATOMIC_ACQUIRE)) < 0) {
                 rate = __atomic_load_n(&c->rate, __ATOMIC_ACQUIRE);
@@ -274,6 +275,7 @@ void gs_gate_slow(int d, int64_t cost)
                 sleep_ns(wait < 20000 ? 20000 : wait > 5000000 ? 5000000 : wait);
                 refill(c, rate);
             }
+            gs_region_count_throttled(gs_gates[d].rd, now_ns() - waited_from);
         }
     }
     tls_batch[d] = batch;

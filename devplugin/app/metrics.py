@@ -7,6 +7,9 @@ Two kinds of figures:
   errors): it reads the serving daemon's node view without the allocator's lock (lengths of dicts and sets,
   which are atomic), so admissions pay nothing for it.
 
+- per-container GPU use (devplugin/app/usage_metrics.py), read at scrape time from each held container's usage
+  file.
+
 Every metric lives in the daemon's own CollectorRegistry (not the process-global one), so several daemons can run
 in one process (tests) and the exposition holds only this daemon's figures.
 """
@@ -23,6 +26,7 @@ from prometheus_client.registry import Collector
 from devplugin.allocation.allocator import LOOKUP_OUTCOMES
 from devplugin.allocation.errors import RequestError
 from devplugin.allocation.units import Kind
+from devplugin.app.usage_metrics import ContainerUseCollector
 
 if TYPE_CHECKING:
     from devplugin.app.node_daemon import KubeLink, NodeDaemon
@@ -59,6 +63,7 @@ class NodeMetrics:
         self._lookup = {o: self.lookups.labels(node_name, o) for o in LOOKUP_OUTCOMES}
         self._timers: dict[tuple[str, str], Histogram] = {}  # (call, resource) -> its series, looked up once
         self.registry.register(NodeCollector(link, node_name))
+        self.registry.register(ContainerUseCollector(link, node_name))
 
     # ------------------------------------------------------------------ AdmissionObserver
     def answered(self, call: str, resource: str, seconds: float) -> None:

@@ -74,6 +74,11 @@ def container_dir(paths: ShimPaths, alloc_id: str) -> Path:
     return Path(paths.host_root) / CONTAINERS / check_alloc_id(alloc_id)
 
 
+def usage_file_path(paths: ShimPaths, alloc_id: str) -> Path:
+    """Where the container's shim keeps its usage file (contract.CONTAINER_SHARED_CACHE), seen from the host."""
+    return container_dir(paths, alloc_id) / STATE / Path(contract.CONTAINER_SHARED_CACHE).name
+
+
 def _write_atomically(path: Path, text: str, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
