@@ -86,13 +86,15 @@ def test_a_late_second_call_still_joins_its_container() -> None:
                                                             _pod("b", "u-b", mem=14, core=10)))
     k = MiniKubelet(node, alloc)
     first = alloc.preferred(Kind.MEM, k.available(Kind.MEM), [], 3)
-    alloc.allocate(Kind.MEM, first)
+    mem = alloc.allocate(Kind.MEM, first)
     k.held[Kind.MEM].update(first)
     time.sleep(0.05)
     second = alloc.preferred(Kind.CORE, k.available(Kind.CORE), [], 30)
     grant = alloc.allocate(Kind.CORE, second)
     assert {i.split("::")[0] for i in first + second} == {grant.gpus[0]}
-    assert grant.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m" and grant.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    envs = {**grant.envs, **mem.envs}  # each call says what its own devices say; the kubelet merges them
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m" and envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert all(mem.envs[k] == grant.envs[k] for k in set(mem.envs) & set(grant.envs))
 
 
 def test_a_failed_shim_write_is_a_clear_error_and_takes_nothing(tmp_path: Path) -> None:

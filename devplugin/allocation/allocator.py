@@ -3,9 +3,14 @@
 The gRPC servicers are thin wrappers over `Allocator.preferred` and `Allocator.allocate`; tests call these
 directly. On the first call of a container's admission the pod cache says which container it is (identity.py);
 its whole request is placed at once (planner.py) and every later call for it is answered from that decision,
-whatever order the kubelet calls the resources in. Without a pod cache, or when the container cannot be found
-within the lookup budget, the daemon falls back to node-local pairing (fallback.py, pairing.py) and says so.
-PodResources keeps the node view in step with the kubelet (view_sync.py); the interfaces are in ports.py.
+whatever order the kubelet calls the resources in. When several pending containers ask alike (a burst), the first
+call's container is the likeliest of them, a guess: the kubelet records each resource's devices before it asks
+for the container's next one, so the next call reads PodResources and takes the container's exact identity from
+it (re-keying the decision when the guess was wrong: the container stays on the GPU its first resource got, or is
+refused with an Event, never split). Each call's envs say only what its own device IDs say, so a guess never
+reaches a container's env, and nothing is recorded on a pod for a guess. Without a pod cache, or when the container
+cannot be found within the lookup budget, the daemon falls back to node-local pairing (fallback.py, pairing.py) and
+says so. PodResources keeps the node view in step with the kubelet (view_sync.py); the interfaces are in ports.py.
 
 All state changes happen under one lock (the kubelet serialises admissions anyway). Nothing is committed before
 everything that can fail has succeeded.
@@ -16,17 +21,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from devplugin.allocation.choice import scheduler_choice
 from devplugin.allocation.decision import ContainerKey, Decision, key_of
-from devplugin.allocation.envs import decision_envs, shim_envs
+from devplugin.allocation.envs import call_envs, shim_envs
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
 from devplugin.allocation.fallback import PARTNER_MINIMUM, PairingFallback, _check_size
 from devplugin.allocation.holdings import Holdings
-from devplugin.allocation.identity import find_container, next_app_container
+from devplugin.allocation.identity import candidates, next_app_container
 from devplugin.allocation.idsets import gpu_label, group_ids, id_index
 from devplugin.allocation.node import Node
 from devplugin.allocation.pairing import PairingBook
@@ -68,6 +74,9 @@ class Allocator(PairingFallback, ViewSync):
     refresh: Callable[[], object] | None = None  # resync() unless the view was read from the kubelet a moment ago
     # Told how each pod lookup ended (LOOKUP_OUTCOMES), for metrics; called under the lock, must not block.
     on_lookup: Callable[[str], object] = field(default=lambda outcome: None)
+    # Called (under the lock, must not block) when a container was placed as the likeliest of several asking alike
+    # and no later call of it came to confirm it: PodResources should be read soon to name it (NodeSync.poke).
+    on_guess: Callable[[], object] = field(default=lambda: None)
 
     def __post_init__(self) -> None:
         self.recent = RecentShares(PARTNER_MINIMUM)
@@ -169,6 +178,10 @@ class Allocator(PairingFallback, ViewSync):
                       avail: Mapping[str, set[str]] | None) -> Decision | None:
         """The known decision this call belongs to (opening one if needed), or None for node-local pairing."""
         latest = self._latest
+        if (latest is not None and latest.known and latest.allocated and kind not in latest.allocated
+                and not latest.complete and (not latest.exact or not latest.pending(kind, amount))):
+            # the next resource of the container being admitted: the kubelet lists its first one by now
+            latest = self._identify(latest)
         if latest is not None and latest.pending(kind, amount):
             latest.touched = time.monotonic()
             return latest
@@ -180,15 +193,16 @@ class Allocator(PairingFallback, ViewSync):
         found = self._reuse(kind, amount, ids, taken)
         fixed: tuple[str, ...] | None = None
         reused_from = None
+        exact = True
         if found is not None:
             pod, container, fixed, reused_from = found
         else:
             match = self._find(kind, amount, taken)
             if match is None:
                 return None
-            pod, container = match
+            pod, container, exact = match
         try:
-            dec = self._open(pod, container, kind, avail, fixed)
+            dec = self._open(pod, container, kind, avail, fixed, exact)
         except RequestError as exc:
             self._refused[(pod.uid, container.name)] = time.monotonic()
             self.reporter.refused(pod, container.name, str(exc))
@@ -196,23 +210,85 @@ class Allocator(PairingFallback, ViewSync):
         dec.reused_from = reused_from
         return dec
 
-    def _find(self, kind: Kind, amount: int, taken: set[tuple[str, str]]) -> tuple[PodRequest, ContainerRequest] | None:
+    def _find(self, kind: Kind, amount: int, taken: set[tuple[str, str]]
+              ) -> tuple[PodRequest, ContainerRequest, bool] | None:
+        """(pod, container, exact): the container this first call is for; exact when no other pending container
+        asks alike (after reading the kubelet's PodResources: containers it lists are not pending)."""
         assert self.lookup is not None
         pods = self.lookup.pods()
-        match = find_container(pods, kind.value, amount, taken) if pods is not None else None
-        if match is not None:
+        found = self._candidates(pods, kind, amount, taken)
+        if found:
             self.on_lookup("cache")
         else:
             fresh = self.lookup.fetch_now(self.lookup_budget_s)
-            match = find_container(fresh, kind.value, amount, taken) if fresh is not None else None
-            self.on_lookup("direct" if match is not None else "no_answer" if fresh is None else "not_found")
-            if match is None:
+            found = self._candidates(fresh, kind, amount, taken)
+            self.on_lookup("direct" if found else "no_answer" if fresh is None else "not_found")
+            if not found:
                 # named, and its pod told, once PodResources and the pod cache can name it (ViewSync.reconcile)
                 why = ("the apiserver did not answer within the lookup budget" if fresh is None
                        else f"no pending container on this node asks for {amount} {self.node.resource_name(kind)}")
                 log.warning("placing without pod identity: %s; using node-local pairing", why,
                             extra={"fields": {"resource": self.node.resource_name(kind), "amount": amount}})
-        return match
+                return None
+        pod, container = found[0]
+        return pod, container, len(found) == 1
+
+    def _candidates(self, pods: list[PodRequest] | None, kind: Kind, amount: int,
+                    taken: set[tuple[str, str]]) -> list[tuple[PodRequest, ContainerRequest]]:
+        if pods is None:
+            return []
+        found = candidates(pods, kind.value, amount, taken)
+        if len(found) > 1 and self.resync is not None and self.resync():
+            # several ask alike: the containers the kubelet lists holding devices are not pending, and those
+            # placed on a guess are named now
+            found = candidates(pods, kind.value, amount, self._taken())
+        return found
+
+    def _identify(self, dec: Decision) -> Decision | None:
+        """The container being admitted, as the kubelet's PodResources names it (it lists the devices of the
+        container's first resource before asking for the next): `dec` confirmed, re-keyed to the container that
+        really holds its devices, or `dec` unchanged when the kubelet cannot be asked or does not list them."""
+        if self.resync is None or not self.resync():
+            return self._latest
+        h = self.holdings.get(dec.dir_name)
+        if h is None or h.key is None or not h.exact or self._latest is not dec:
+            return self._latest
+        if h.key == dec.key:
+            dec.exact = True
+            return dec
+        pods = self.lookup.pods() if self.lookup else None
+        pod = next((p for p in pods or () if p.uid == h.key.pod_uid), None)
+        container = pod.container(h.key.container) if pod else None
+        if pod is None or container is None:
+            return dec
+        guessed = dec.label()
+        try:
+            request, per_gpu, gpus = self._request_of(pod, container)
+        except RequestError as exc:
+            self._latest = None
+            self.reporter.refused(pod, container.name, str(exc))
+            raise
+        if gpus != len(dec.gpus):
+            gpus_txt = ", ".join(gpu_label(self.node, u) for u in dec.gpus)
+            self._latest = None
+            conflict = PairingConflict(
+                f"container {key_of(pod, container)}: its first resource was placed on {gpus_txt} for {guessed}, "
+                f"which asks alike, but it needs {gpus} GPU(s); refusing rather than splitting it (the pod can be "
+                "created again)", reason="identity")
+            self.reporter.refused(pod, container.name, str(conflict))
+            raise conflict
+        fixed = replace(dec, key=h.key, pod=pod, container=container, request=request, per_gpu=per_gpu,
+                        exact=True, source=f"where its first resource went, placed for {guessed} (which asks alike)")
+        log.warning("container %s: its first resource was placed for %s, which asks alike; the kubelet's "
+                    "PodResources names it: its other resources follow on GPU %s", h.key, guessed,
+                    ",".join(str(self.node.by_uuid[u].index) for u in dec.gpus),
+                    extra={"fields": {"pod": pod.key, "container": container.name, "gpu": ",".join(dec.gpus)}})
+        self.reporter.warning(pod, "GPUPlacedForAnotherContainer",
+                              f"container {container.name}: its first resource was placed on "
+                              f"{', '.join(gpu_label(self.node, u) for u in dec.gpus)} for {guessed} (several "
+                              "pending containers ask alike); the rest of it goes to the same GPU")
+        self._latest = fixed
+        return fixed
 
     def _reuse(self, kind: Kind, amount: int, ids: Sequence[str], taken: set[tuple[str, str]]
                ) -> tuple[PodRequest, ContainerRequest, tuple[str, ...], ContainerKey] | None:
@@ -232,11 +308,11 @@ class Allocator(PairingFallback, ViewSync):
                 return pod, app, tuple(sorted(h.gpus(), key=lambda u: self.node.by_uuid[u].index)), h.key
         return None
 
-    def _open(self, pod: PodRequest, container: ContainerRequest, kind: Kind,
-              avail: Mapping[str, set[str]] | None, fixed: tuple[str, ...] | None) -> Decision:
-        """Place the whole container now: every resource it asks for, on the same GPU(s)."""
-        key = key_of(pod, container)
-        what = f"container {key}"
+    def _request_of(self, pod: PodRequest, container: ContainerRequest
+                    ) -> tuple[dict[Kind, int], dict[Kind, int], int]:
+        """(whole-container amounts, units of each on each GPU, GPU count); RequestError for what cannot be
+        served."""
+        what = f"container {key_of(pod, container)}"
         if container.count and (container.mem or container.core):
             raise RequestError(f"{what} asks for gpu-count together with gpu-mem / gpu-core.percentage: ask for "
                                "whole GPUs (gpu-count) alone, or share N GPUs with the pod label "
@@ -253,7 +329,16 @@ class Allocator(PairingFallback, ViewSync):
         request = {k: n for k, n in ((Kind.MEM, container.mem), (Kind.CORE, container.core),
                                      (Kind.COUNT, container.count)) if n and k in self.node.kinds}
         per_gpu = {Kind.MEM: mem, Kind.CORE: core if Kind.CORE in self.node.kinds else 0}
-        need = Need(per_gpu={k: n for k, n in per_gpu.items() if n}, gpus=gpus, whole=bool(container.count))
+        return request, {k: (1 if k is Kind.COUNT else per_gpu[k]) for k in request}, gpus
+
+    def _open(self, pod: PodRequest, container: ContainerRequest, kind: Kind,
+              avail: Mapping[str, set[str]] | None, fixed: tuple[str, ...] | None, exact: bool = True) -> Decision:
+        """Place the whole container now: every resource it asks for, on the same GPU(s)."""
+        key = key_of(pod, container)
+        what = f"container {key}"
+        request, per_gpu, gpus = self._request_of(pod, container)
+        need = Need(per_gpu={k: n for k, n in per_gpu.items() if n and k is not Kind.COUNT}, gpus=gpus,
+                    whole=bool(container.count))
         room = Room(self.node, self.holdings, self.healthy, kind, avail)
         if fixed is not None:
             placement_gpus, source, override = fixed, "devices reused from an init container", ""
@@ -267,7 +352,9 @@ class Allocator(PairingFallback, ViewSync):
                 raise NoRoom(f"{what}: {exc}") from None
             placement_gpus, source, override = placement.gpus, placement.source, placement.override
         dec = Decision(gpus=placement_gpus, key=key, pod=pod, container=container, request=request,
-                       per_gpu={k: (1 if k is Kind.COUNT else per_gpu[k]) for k in request}, source=source)
+                       per_gpu=per_gpu, source=source, exact=exact)
+        if self.holdings.get(dec.dir_name) is not None:  # its name went to a container placed for it on a guess
+            dec.dir_name = f"{dec.dir_name[:71]}-{uuidlib.uuid4().hex[:8]}"
         if override:
             log.warning("%s: %s", what, override, extra={"fields": {"pod": pod.key, "container": container.name}})
             self.reporter.warning(pod, "GPUChoiceOverridden", f"{what}: {override}")
@@ -324,13 +411,16 @@ class Allocator(PairingFallback, ViewSync):
                 "all of a container's resources must be on the same GPU(s) (the kubelet chose without this "
                 "plugin's preference; retry the pod)", reason="kubelet_choice")
         self._recheck(dec, kind, groups, ids)
-        envs = decision_envs(self.node, dec)
-        mounts = self._mounts(dec, kind, ids)
+        envs = call_envs(self.node, dec, kind, groups)
+        mounts = self._mounts(replace(dec, allocated={**dec.allocated, kind: list(ids)}), kind, ids)
         shim_envs(envs, mounts)
-        self.holdings.add(dec.dir_name, dec.key, kind, groups)
+        self.holdings.add(dec.dir_name, dec.key, kind, groups, exact=dec.exact)
         dec.allocated[kind] = list(ids)
         if dec.complete:
-            self.reporter.placed(dec, self.node)
+            if dec.exact:
+                self.reporter.placed(dec, self.node)
+            else:  # recorded on its pod once PodResources names it (ViewSync.reconcile)
+                self.on_guess()
         self.reporter.occupancy_changed(self.holdings)
         self._log_grant(dec, kind, ids)
         return Grant(dec.gpus, tuple(ids), envs, mounts, dec)

@@ -62,6 +62,9 @@ class Decision:
     dir_name: str = ""
     source: str = ""  # how the GPU was chosen, for logs and Events
     reused_from: ContainerKey | None = None  # an init container whose devices the kubelet reuses for this one
+    # the key is the container's own: the only candidate, or named by the kubelet's PodResources; False while it is
+    # the likeliest of several containers asking alike (nothing is recorded on a pod for a guess)
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if not self.dir_name:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from devplugin import contract as c
@@ -34,6 +34,31 @@ def container_envs(node: Node, kind: Kind, uuids: tuple[str, ...], amount: int) 
             envs[f"{c.ENV_MEMORY_LIMIT}_0"] = f"{amount * node.unit.bytes // MiB}m"
     elif kind is Kind.CORE and node.isolates_compute():
         envs[c.ENV_SM_LIMIT] = str(amount)
+    return envs
+
+
+def call_envs(node: Node, decision: Decision, kind: Kind, groups: Mapping[str, Collection[str]]) -> dict[str, str]:
+    """The envs of one Allocate of a known container: what this call's device IDs say (its GPUs, and the amount of
+    `kind` on each), never what the container's other resources are expected to bring. Keys both resources set
+    name only the GPUs, so the kubelet's first-wins merge sees one value; and a call whose container is still a
+    guess (several ask alike) tells nothing the guess could get wrong. Multi-GPU shares get one memory limit per
+    device (HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_<i>), in the decision's GPU order."""
+    gpus = [node.by_uuid[u] for u in decision.gpus]
+    envs = {
+        c.ENV_NVIDIA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus),
+        c.ENV_ALIYUN_MEM_IDX: ",".join(str(g.index) for g in gpus),
+    }
+    if kind is Kind.COUNT:
+        return envs
+    envs[c.ENV_ALIYUN_MEM_DEV] = str(node.units(gpus[0].uuid, Kind.MEM))
+    envs[c.ENV_ALIYUN_MEM_UNIT] = node.unit.name
+    if kind is Kind.MEM:
+        envs[c.ENV_ALIYUN_MEM_CONTAINER] = str(sum(len(ids) for ids in groups.values()))
+        if node.isolates_memory():
+            for i, gpu in enumerate(gpus):
+                envs[f"{c.ENV_MEMORY_LIMIT}_{i}"] = f"{len(groups.get(gpu.uuid, ())) * node.unit.bytes // MiB}m"
+    elif kind is Kind.CORE and node.isolates_compute():
+        envs[c.ENV_SM_LIMIT] = str(len(groups.get(gpus[0].uuid, ())))
     return envs
 
 

@@ -36,6 +36,7 @@ class Holding:
     ids: dict[Kind, dict[str, frozenset[str]]] = field(default_factory=dict)  # kind -> GPU UUID -> IDs
     since: float = field(default_factory=time.monotonic)  # when it got its last devices
     listed: bool = False  # PodResources has listed its devices since then
+    exact: bool = True  # key is the container's own (False: the likeliest of several; PodResources corrects it)
 
     def gpus(self) -> set[str]:
         return {uuid for per_gpu in self.ids.values() for uuid in per_gpu}
@@ -54,9 +55,12 @@ class Holdings:
         self._on_gpu: dict[str, set[str]] = {g.uuid: set() for g in node.gpus}  # GPU UUID -> holders
 
     # ------------------------------------------------------------------ changes
-    def add(self, holder: str, key: ContainerKey | None, kind: Kind, groups: Mapping[str, Iterable[str]]) -> None:
+    def add(self, holder: str, key: ContainerKey | None, kind: Kind, groups: Mapping[str, Iterable[str]],
+            exact: bool = True) -> None:
         """Record that `holder` got these devices of `kind` ({GPU UUID: IDs})."""
-        h = self._by_holder.setdefault(holder, Holding(holder, key))
+        h = self._by_holder.setdefault(holder, Holding(holder, key, exact=exact))
+        if key is not None:
+            h.key, h.exact = key, exact
         h.since = time.monotonic()
         h.listed = False
         per_gpu = h.ids.setdefault(kind, {})

@@ -2,9 +2,12 @@
 
 The kubelet's device-plugin calls carry no pod identity, only a resource and an amount. The container is the first
 one, among pods on this node that have not finished, that asks for exactly this amount of this resource and is
-not placed yet (by this daemon, or recorded on the pod by an earlier run of it), in this order: pods a scheduler
-decided on first (by assume time), then the oldest (ties: the order the pod cache saw them bound); within a pod,
-the kubelet's own order (init containers, then app containers, each in spec order).
+not placed yet (by this daemon, or recorded on the pod by an earlier run of it), in the kubelet's order: pods in
+the order they reached the node (the order the pod watch showed them bound here; a scheduler's assume time is not
+it: binds run in parallel), then within a pod init containers, then app containers, each in spec order.
+
+That is a guess when several containers ask alike (a burst): the allocator then takes the exact identity from the
+kubelet's PodResources as soon as the kubelet lists the container (allocator.py).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Set
 
 from devplugin import contract as c
-from devplugin.allocation.choice import assume_time
 from devplugin.allocation.requests import ContainerRequest, PodRequest
 
 
@@ -27,11 +29,11 @@ def recorded_containers(pod: PodRequest) -> set[str]:
         return set()
 
 
-def find_container(pods: Iterable[PodRequest], resource: str, amount: int,
-                   taken: Set[tuple[str, str]]) -> tuple[PodRequest, ContainerRequest] | None:
-    """The (pod, container) this call is for, or None. `resource` is the short name (gpu-mem, ...); `taken`
-    holds (pod UID, container name) of containers already placed or refused."""
-    best: tuple[tuple, PodRequest, ContainerRequest] | None = None
+def candidates(pods: Iterable[PodRequest], resource: str, amount: int,
+               taken: Set[tuple[str, str]]) -> list[tuple[PodRequest, ContainerRequest]]:
+    """Every (pod, container) this call may be for, the kubelet's likeliest first. `resource` is the short name
+    (gpu-mem, ...); `taken` holds (pod UID, container name) of containers already placed or refused."""
+    found: list[tuple[tuple, PodRequest, ContainerRequest]] = []
     for pod in pods:
         if pod.finished:
             continue
@@ -43,12 +45,17 @@ def find_container(pods: Iterable[PodRequest], resource: str, amount: int,
                 recorded = recorded_containers(pod)
             if container.name in recorded:
                 continue
-            assumed = assume_time(pod)
-            rank = (assumed is None, assumed or 0, pod.created, pod.seen, pod.uid, container.position)
-            if best is None or rank < best[0]:
-                best = (rank, pod, container)
+            found.append(((pod.seen, pod.created, pod.uid, container.position), pod, container))
             break  # later containers of this pod come after this one in the kubelet's order
-    return (best[1], best[2]) if best else None
+    found.sort(key=lambda t: t[0])
+    return [(pod, container) for _, pod, container in found]
+
+
+def find_container(pods: Iterable[PodRequest], resource: str, amount: int,
+                   taken: Set[tuple[str, str]]) -> tuple[PodRequest, ContainerRequest] | None:
+    """The likeliest (pod, container) this call is for, or None."""
+    found = candidates(pods, resource, amount, taken)
+    return found[0] if found else None
 
 
 def next_app_container(pod: PodRequest, resource: str, amount: int,

@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 
-from devplugin.allocation.decision import ContainerKey, state_dir_name
+from devplugin.allocation.decision import ContainerKey, Decision, state_dir_name
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.identity import recorded_containers
 from devplugin.allocation.idsets import group_ids, id_index
@@ -27,6 +27,7 @@ class ViewSync:
     holdings: Holdings
     reporter: Reporter
     _lock: threading.RLock
+    _latest: Decision | None
 
     def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
                   as_of: float | None = None) -> None:
@@ -84,6 +85,18 @@ class ViewSync:
                 self.reporter.warning(pod, "PlacedWithoutPodLookup",
                                       f"container {entry.container} was placed by node-local pairing because the "
                                       "apiserver could not be asked in time; its devices are recorded now")
-            if h.key == key and entry.container not in recorded_containers(pod):
+            elif h.key != key and not h.exact and h.key.pod_uid != key.pod_uid:
+                # placed as the likeliest of several containers asking alike: the kubelet says whose it is
+                log.info("container %s holds the devices placed for %s (which asks alike); named from the "
+                         "kubelet's PodResources", key, h.key,
+                         extra={"fields": {"pod": f"{key.namespace}/{key.pod}", "container": key.container}})
+                h.key = key
+                changed = True
+            if h.key != key:
+                continue
+            h.exact = True
+            latest = self._latest
+            in_flight = latest is not None and latest.dir_name == h.holder and not latest.complete
+            if not in_flight and entry.container not in recorded_containers(pod):
                 self.reporter.record_holding(pod, h, self.node)
         return changed

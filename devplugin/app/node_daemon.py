@@ -145,6 +145,7 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
                     interval_s=SYNC_INTERVAL_S if link.pods is not None else SYNC_INTERVAL_ALONE_S)
     allocator.resync = sync.sync
     allocator.refresh = sync.refresh
+    allocator.on_guess = sync.poke_soon
     if reporter is not None:
         reporter.snapshot = allocator.snapshot
     if metrics is not None:

@@ -27,8 +27,8 @@ MIN_AGE_S = 600.0  # a directory younger than this may belong to a container sti
 def limits_for(decision: Decision, node: Node) -> contract.Limits:
     """What the shim enforces for this container on each of its GPUs: memory cap (cgpu, core_mem) and compute
     share (core_mem)."""
-    if decision.known:
-        mem, core = decision.per_gpu.get(Kind.MEM, 0), decision.per_gpu.get(Kind.CORE, 0)
+    if decision.known:  # what the resources granted so far bring (the container may still be a guess)
+        mem, core = (decision.per_gpu.get(k, 0) if k in decision.allocated else 0 for k in (Kind.MEM, Kind.CORE))
     else:
         mem, core = decision.amount(Kind.MEM), decision.amount(Kind.CORE)
     memory = mem * node.unit.bytes if node.isolates_memory() else 0
@@ -39,13 +39,14 @@ def limits_for(decision: Decision, node: Node) -> contract.Limits:
 
 def shim_provider(paths: ShimPaths) -> MountProvider:
     """A MountProvider for Allocator: writes the container's limits file and returns the shim's mounts. The first
-    Allocate of a container starts from a fresh directory; later ones (its other resource) add to it."""
+    Allocate of a container starts from a fresh directory; later ones (its other resource) add to it. `decision`
+    is the container as it will be once this call is granted (its `allocated` includes this call's resource)."""
 
     def provide(decision: Decision, node: Node, ids: Sequence[str]) -> Sequence[MountSpec]:
         if node.mode == "share":  # no isolation: the application limits itself from its env
             return ()
         held = [i for done in decision.allocated.values() for i in done]
-        first = not decision.allocated or (not decision.known and len(decision.allocated) == 1)
+        first = len(decision.allocated) <= 1  # `decision` already counts this call's resource
         owner = Owner(devices=tuple(dict.fromkeys([*held, *ids])), pod_uid=decision.key.pod_uid if decision.key
                       else "", namespace=decision.key.namespace if decision.key else "",
                       pod=decision.key.pod if decision.key else "",
