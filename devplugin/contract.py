@@ -246,12 +246,18 @@ class PodAssignment:
     node: str
     time_ns: int  # Unix nanoseconds: the extender's assume time, or when the node daemon placed it
     containers: Mapping[str, tuple[GpuShare, ...]] = field(default_factory=dict)
+    # The pod's UID, in the node daemon's record (ANN_ALLOCATED): the apiserver gives a pod its UID when it creates
+    # it, so a record the pod was created with cannot name it, and the daemon does not take it for its own.
+    uid: str = ""
 
     def render(self) -> str:
-        return json.dumps({
+        doc: dict[str, object] = {
             "version": ANNOTATION_VERSION, "node": self.node, "time": self.time_ns,
             "containers": {name: [s.to_json() for s in shares] for name, shares in sorted(self.containers.items())},
-        }, separators=(",", ":"))
+        }
+        if self.uid:
+            doc["uid"] = self.uid
+        return json.dumps(doc, separators=(",", ":"))
 
 
 def parse_assignment(text: str, annotation: str = ANN_SCHEDULED) -> PodAssignment:
@@ -267,7 +273,8 @@ def parse_assignment(text: str, annotation: str = ANN_SCHEDULED) -> PodAssignmen
             listed = b.seq(shares, f"container {name!r}: its GPUs", LIMITS_MAX_DEVICES)
             containers[name] = tuple(_share(s, f"container {name!r}: GPU entry {i}") for i, s in enumerate(listed))
         return PodAssignment(node=b.short_text(doc.get("node", ""), "node"),
-                             time_ns=b.nat(doc.get("time", 0), "time"), containers=containers)
+                             time_ns=b.nat(doc.get("time", 0), "time"), containers=containers,
+                             uid=b.short_text(doc.get("uid", ""), "uid"))
     except b.RefusedValue as exc:
         raise AnnotationError(_named(annotation, exc)) from None
 

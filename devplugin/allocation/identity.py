@@ -19,14 +19,23 @@ from devplugin.allocation.requests import ContainerRequest, PodRequest
 
 
 def recorded_containers(pod: PodRequest) -> set[str]:
-    """Container names the node daemon already recorded as placed on this pod."""
+    """Container names the node daemon already recorded as placed on this pod. Only the daemon's own record counts:
+    it names the pod's UID, which a pod created with a record of its own cannot know."""
+    record = own_record(pod)
+    return set(record.containers) if record is not None else set()
+
+
+def own_record(pod: PodRequest) -> c.PodAssignment | None:
+    """The node daemon's record on this pod (ANN_ALLOCATED naming the pod's UID), or None: absent, unreadable, or
+    not written for this pod."""
     raw = pod.annotations.get(c.ANN_ALLOCATED)
     if not raw:
-        return set()
+        return None
     try:
-        return set(c.parse_assignment(raw, c.ANN_ALLOCATED).containers)
+        record = c.parse_assignment(raw, c.ANN_ALLOCATED)
     except c.AnnotationError:
-        return set()
+        return None
+    return record if record.uid and record.uid == pod.uid else None
 
 
 def candidates(pods: Iterable[PodRequest], resource: str, amount: int,

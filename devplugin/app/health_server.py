@@ -1,5 +1,5 @@
-"""`/healthz` (the process answers) and `/readyz` (the node daemon serves), for the DaemonSet's probes, and
-`/metrics` (Prometheus's text format) when given a registry.
+"""`/healthz` (the process answers and its worker threads run) and `/readyz` (the node daemon serves), for the
+DaemonSet's probes, and `/metrics` (Prometheus's text format) when given a registry.
 
 A plain threaded HTTP server from the standard library: three fixed GET paths need no framework.
 """
@@ -22,8 +22,9 @@ class HealthServer:
     """Serves on `port` (0 picks a free one: see .port) until stop()."""
 
     def __init__(self, port: int, ready: Ready, host: str = "0.0.0.0",
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, alive: Ready | None = None) -> None:
         self.ready = ready
+        self.alive = alive
         self.registry = registry
         outer = self
         paths = "/healthz, /readyz" + (", /metrics" if registry is not None else "")
@@ -41,7 +42,11 @@ class HealthServer:
                     self._answer(code, body, content_type)
                     return
                 if self.path == "/healthz":
-                    code, text = 200, "ok"
+                    try:
+                        ok, text = outer.alive() if outer.alive is not None else (True, "ok")
+                    except Exception as exc:  # noqa: BLE001 - a probe must answer
+                        ok, text = False, f"liveness check failed: {exc}"
+                    code = 200 if ok else 503
                 elif self.path == "/readyz":
                     try:
                         ok, text = outer.ready()

@@ -112,6 +112,14 @@ class NodeDaemon:
             return False, f"not registered with the kubelet yet: {', '.join(missing)}"
         return True, "ok"
 
+    def alive(self) -> tuple[bool, str]:
+        """For the liveness probe: every worker thread this daemon started is still running."""
+        for part in (self.daemon, self.sync):
+            ok, why = part.alive()
+            if not ok:
+                return ok, why
+        return True, "ok"
+
     def pod_changed(self, event: str, pod: PodRequest) -> None:
         """Pod cache listener: units of pods that ended come back at once."""
         if event == "DELETED" or pod.finished:

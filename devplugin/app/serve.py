@@ -110,6 +110,10 @@ class Supervisor:
             return False, self.waiting_why
         return self.current.ready()
 
+    def alive(self) -> tuple[bool, str]:
+        current = self.current
+        return (True, "ok") if current is None else current.alive()
+
     def run(self) -> int:
         self.link = connect(self.cfg, self.on_labels)
         self.settings = self._initial_settings()
@@ -203,7 +207,7 @@ def run(cfg: Config) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    server = (HealthServer(cfg.health_port, sup.ready, registry=sup.metrics.registry).start()
+    server = (HealthServer(cfg.health_port, sup.ready, registry=sup.metrics.registry, alive=sup.alive).start()
               if cfg.health_port else None)
     try:
         return sup.run()

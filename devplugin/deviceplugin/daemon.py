@@ -101,7 +101,17 @@ class Daemon:
                 self._stopping.wait(SETTLE_S)
             if self._stopping.is_set():
                 return
-            self.reconcile()
+            try:
+                self.reconcile()
+            except Exception as exc:  # noqa: BLE001 - whatever a pod or the kubelet hands us, the worker retries
+                log.exception("registering with the kubelet failed")
+                self._schedule_retry(f"registering with the kubelet failed: {exc!r}")
+
+    def alive(self) -> tuple[bool, str]:
+        """False once the registration worker has died (the liveness probe then restarts the daemon)."""
+        if self._worker.ident is not None and not self._worker.is_alive() and not self._stopping.is_set():
+            return False, "the kubelet registration worker thread has died"
+        return True, "ok"
 
     def reconcile(self) -> None:
         """Serve every resource and register it with the current kubelet; idempotent."""

@@ -76,6 +76,12 @@ class NodeSync:
         timer.daemon = True
         timer.start()
 
+    def alive(self) -> tuple[bool, str]:
+        """False once the sync thread has died."""
+        if self._thread.ident is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            return False, "the PodResources sync thread has died"
+        return True, "ok"
+
     def stop(self) -> None:
         self._stopping.set()
         self._poke.set()

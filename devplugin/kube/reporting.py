@@ -16,6 +16,7 @@ from typing import Protocol
 from devplugin import contract as c
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.holdings import Holding, Holdings
+from devplugin.allocation.identity import own_record
 from devplugin.allocation.node import Node
 from devplugin.allocation.ports import Reporter
 from devplugin.allocation.requests import PodRequest
@@ -128,7 +129,7 @@ class ClusterReporter(Reporter):
         mine[container] = shares
         annotations: dict[str, str | None] = {
             c.ANN_ALLOCATED: c.PodAssignment(node=self.node_name, time_ns=time.time_ns(),
-                                             containers=dict(mine)).render(),
+                                             containers=dict(mine), uid=pod.uid).render(),
             c.ANN_ALIYUN_ASSIGNED: "true",
         }
         first = next((s for name in self._order(pod, mine) for s in mine[name]), None)
@@ -158,13 +159,20 @@ class ClusterReporter(Reporter):
         return [n for n in order if n in recorded] + sorted(n for n in recorded if n not in order)
 
     def _already_recorded(self, pod: PodRequest) -> dict[str, tuple[c.GpuShare, ...]]:
+        """The daemon's own earlier record on this pod; anything else found there is replaced (with a Warning)."""
         raw = pod.annotations.get(c.ANN_ALLOCATED)
         if not raw:
             return {}
-        try:
-            return dict(c.parse_assignment(raw, c.ANN_ALLOCATED).containers)
-        except c.AnnotationError:
+        record = own_record(pod)
+        if record is None:
+            try:
+                c.parse_assignment(raw, c.ANN_ALLOCATED)
+                why = f"annotation {c.ANN_ALLOCATED} was not written by the node daemon for this pod (its UID differs)"
+            except c.AnnotationError as exc:
+                why = str(exc)
+            self.warning(pod, "GPURecordReplaced", f"{why}; ignored for room and replaced by the node daemon's record")
             return {}
+        return dict(record.containers)
 
     def refused(self, pod: PodRequest | None, container: str | None, message: str) -> None:
         if pod is None:
