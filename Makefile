@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BUILD  := build
 
-.PHONY: all demo demo-cluster test lint proto contract native bench clean manifests
+.PHONY: all demo demo-cluster test lint proto contract native bench clean manifests helm
 
 all: native $(VENV)/.installed
 
@@ -26,7 +26,19 @@ demo: all
 demo-cluster: all
 	$(PY) -m devplugin_sim.demo_extender
 
-test: all
+# Helm, for the chart's tests (tests/test_helm_chart.py): built from the Go module proxy, with the version and
+# the Kubernetes version of its client libraries set as Helm's own release builds set them.
+HELM_VERSION := v3.22.0
+HELM_K8S_MINOR := 37
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	$(foreach p,chartutil lint/rules,-X helm.sh/helm/v3/pkg/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
+helm: $(BUILD)/bin/.helm-$(HELM_VERSION)
+$(BUILD)/bin/.helm-$(HELM_VERSION):
+	mkdir -p $(BUILD)/bin
+	GOBIN=$(abspath $(BUILD))/bin GOFLAGS=-mod=mod go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	touch $@
+
+test: all helm
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
