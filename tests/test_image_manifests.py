@@ -33,9 +33,15 @@ def image_shim_path() -> str:
 
 
 def manifests() -> list[tuple[str, dict]]:
+    """Every object of deploy/ and daemonset.yaml, and the Helm chart's objects as it renders them with everything
+    on (its templates are not YAML until rendered)."""
+    from tests.test_helm_chart import CHART, render
+
     files = [REPO / "daemonset.yaml", *sorted((REPO / "deploy").rglob("*.yaml"))]
-    return [(str(f.relative_to(REPO)), doc) for f in files if f.name != "kustomization.yaml"
-            for doc in yaml.safe_load_all(f.read_text()) if isinstance(doc, dict)]
+    found = [(str(f.relative_to(REPO)), doc) for f in files if f.name != "kustomization.yaml"
+             and CHART not in f.parents for doc in yaml.safe_load_all(f.read_text()) if isinstance(doc, dict)]
+    chart = render("scheduler.enabled=true", "secondScheduler.enabled=true", "monitoring.podMonitor.enabled=true")
+    return found + [(f"{CHART.relative_to(REPO)} (rendered)", doc) for doc in chart]
 
 
 def pod_specs(node: object) -> Iterator[dict]:
