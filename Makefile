@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BUILD  := build
 
-.PHONY: all demo demo-cluster test lint proto contract native bench clean manifests helm
+.PHONY: all demo demo-cluster test lint proto contract native bench clean manifests helm e2e-bin e2e-go-check
 
 all: native $(VENV)/.installed
 
@@ -38,10 +38,39 @@ $(BUILD)/bin/.helm-$(HELM_VERSION):
 	GOBIN=$(abspath $(BUILD))/bin GOFLAGS=-mod=mod go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	touch $@
 
-test: all helm
+test: all helm e2e-bin
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The real Kubernetes components the realk8s tests run (e2e/README.md), built into e2e/bin/ only when missing or
+# when e2e's Go sources, go.mod or go.sum changed. Go's build cache makes a rebuild quick; a cold build takes
+# minutes (e2e/README.md has the figure).
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+E2E_BIN := e2e/bin
+E2E_MOD := e2e/go.mod e2e/go.sum
+E2E_AGENT_SRC := $(shell find e2e/cmd/nodeagent e2e/internal -name '*.go' -o -name '*.s' 2>/dev/null)
+
+e2e-bin: $(E2E_BIN)/etcd $(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler $(E2E_BIN)/nodeagent $(E2E_BIN)/stubplugin
+
+e2e-go-check:
+	@$(GO) version >/dev/null 2>&1 || { echo "make e2e-bin needs Go 1.26 (https://go.dev/dl/) on PATH or GO=/path/to/go" >&2; exit 1; }
+
+$(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler: $(E2E_MOD) e2e/tools.go | e2e-go-check
+	cd e2e && $(GO) build -o bin/ k8s.io/kubernetes/cmd/$(notdir $@)
+	@touch $@
+
+$(E2E_BIN)/etcd: $(E2E_MOD) $(wildcard e2e/cmd/etcd/*.go) | e2e-go-check
+	cd e2e && $(GO) build -o bin/ ./cmd/etcd
+	@touch $@
+
+$(E2E_BIN)/nodeagent: $(E2E_MOD) $(E2E_AGENT_SRC) | e2e-go-check
+	cd e2e && $(GO) build -o bin/ ./cmd/nodeagent
+	@touch $@
+
+$(E2E_BIN)/stubplugin: $(E2E_MOD) $(wildcard e2e/cmd/stubplugin/*.go) | e2e-go-check
+	cd e2e && $(GO) build -o bin/ ./cmd/stubplugin
+	@touch $@
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -1,0 +1,184 @@
+// Command nodeagent plays one node's kubelet with the kubelet's own code (Kubernetes 1.36.3): the device manager
+// serving <root>/device-plugins/kubelet.sock (checkpoint in the same directory), admission as HandlePodAdditions
+// does it (the pod manager first, then the topology manager's and the predicate admit handlers), and the
+// PodResources v1 server on <root>/pod-resources/kubelet.sock.
+//
+// With --kubeconfig it registers its Node (capacity = --cpu, --memory, --pods plus the devices), posts its status
+// every --status-period, and admits the pods bound to it. With --standalone it has no apiserver: pods are
+// admitted and ended through the control API. Either way it prints exactly one line
+//
+//	nodeagent: control listening on http://127.0.0.1:PORT
+//
+// once the device manager and the PodResources server are serving. See e2e/internal/control for the API.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+
+	"github.com/gpushare/devplugin/e2e/internal/admission"
+	"github.com/gpushare/devplugin/e2e/internal/apisync"
+	"github.com/gpushare/devplugin/e2e/internal/control"
+	"github.com/gpushare/devplugin/e2e/internal/devices"
+	"github.com/gpushare/devplugin/e2e/internal/nodestatus"
+	"github.com/gpushare/devplugin/e2e/internal/podresources"
+	"github.com/gpushare/devplugin/e2e/internal/pods"
+	"github.com/gpushare/devplugin/e2e/internal/standalone"
+)
+
+func main() {
+	opts, err := parseFlags(os.Args[1:], os.Stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(os.Stderr, "nodeagent: %v\n", err)
+		}
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, opts, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "nodeagent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options, stdout io.Writer) error {
+	root, err := filepath.Abs(o.root)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(root, "device-plugins"), 0o750); err != nil {
+		return fmt.Errorf("--root %s: %w", root, err)
+	}
+	table := pods.NewTable()
+	sources := &pods.SourcesReady{}
+	tm, err := admission.NewTopologyManager()
+	if err != nil {
+		return err
+	}
+	dm, err := devices.New(root, tm)
+	if err != nil {
+		return err
+	}
+	tm.AddHintProvider(klog.Background(), dm)
+	if err := devices.Start(dm, table.GetActivePods, sources); err != nil {
+		return fmt.Errorf("start the device manager: %w", err)
+	}
+	defer func() { _ = dm.Stop(klog.Background()) }()
+	capacity := devices.NewCapacityReader(dm)
+
+	prServer, err := podresources.Serve(ctx, root, dm, table)
+	if err != nil {
+		return err
+	}
+	defer prServer.Stop()
+
+	base := nodestatus.Base{Name: o.nodeName, CPU: o.cpu, Memory: o.memory, Pods: o.pods}
+	api := control.API{Books: func() devices.Books { return books(dm, capacity, table) }}
+	var background func(context.Context) error
+
+	if o.standalone {
+		getNode := func(context.Context, bool) (*v1.Node, error) {
+			c, a := capacity.Read()
+			return nodestatus.Build(base, c, a, nil, metav1.Now()), nil
+		}
+		adm := admission.New(root, dm, tm, table, sources, getNode)
+		src, err := standalone.New(root, adm, table)
+		if err != nil {
+			return err
+		}
+		if err := src.Restore(sources); err != nil {
+			return fmt.Errorf("restore the pods admitted before: %w", err)
+		}
+		api.Admit = src.Admit
+		api.End = src.End
+	} else {
+		client, err := kubeClient(o.kubeconfig)
+		if err != nil {
+			return err
+		}
+		syncer := &nodestatus.Syncer{Client: client, Base: base, Capacity: capacity, Period: o.statusPeriod}
+		adm := admission.New(root, dm, tm, table, sources, syncer.Cached)
+		api.End = func(uid types.UID) error {
+			pod, ok := table.Get(uid)
+			if !ok {
+				return control.ErrNotFound
+			}
+			adm.End(pod)
+			return nil
+		}
+		background = func(ctx context.Context) error {
+			if err := syncer.Register(ctx); err != nil {
+				return err
+			}
+			go syncer.Run(ctx)
+			s := &apisync.Sync{Client: client, Node: o.nodeName, Admit: adm, Table: table, Sources: sources}
+			return s.Run(ctx)
+		}
+	}
+
+	l, err := net.Listen("tcp", o.controlAddr)
+	if err != nil {
+		return fmt.Errorf("--control-addr %s: %w", o.controlAddr, err)
+	}
+	srv := &http.Server{Handler: control.Handler(api), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	defer func() { _ = srv.Close() }()
+	fmt.Fprintf(stdout, "nodeagent: control listening on http://%s\n", l.Addr())
+	if f, ok := stdout.(*os.File); ok {
+		_ = f.Sync()
+	}
+
+	errc := make(chan error, 1)
+	if background != nil {
+		go func() { errc <- background(ctx) }()
+	}
+	select {
+	case <-ctx.Done():
+		klog.InfoS("stopping", "node", o.nodeName)
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+func books(dm *devicemanager.ManagerImpl, c *devices.CapacityReader, table *pods.Table) devices.Books {
+	var views []devices.PodView
+	for _, p := range table.GetPods() {
+		uid := p.UID
+		views = append(views, devices.PodView{
+			Pod:   p,
+			Phase: table.Phase(uid),
+			Envs:  func(container string) map[string]string { return table.Envs(uid, container) },
+		})
+	}
+	return devices.Collect(dm, c, views)
+}
+
+func kubeClient(path string) (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+	}
+	cfg.QPS = 200
+	cfg.Burst = 400
+	return kubernetes.NewForConfig(cfg)
+}

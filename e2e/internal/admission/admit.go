@@ -1,0 +1,133 @@
+// Package admission admits a pod as the kubelet's HandlePodAdditions does: the pod goes into the pod manager
+// first, then the allocation manager runs the admit handlers in the kubelet's order (the topology manager's, which
+// calls the device manager's Allocate for each init container then each app container, then the predicate admit
+// handler: resource fit against the node's allocatable, after the device manager's UpdatePluginResources). One pod
+// at a time, as the kubelet's sync loop admits them.
+package admission
+
+import (
+	"context"
+	"sort"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/allocation"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+
+	"github.com/gpushare/devplugin/e2e/internal/pods"
+)
+
+// Result is the outcome of one admission: Reason and Message are the rejecting handler's own.
+type Result struct {
+	Admitted bool   `json:"admitted"`
+	Reason   string `json:"reason"`
+	Message  string `json:"message"`
+}
+
+// GetNode returns the Node the predicate admit handler checks the pod against (the kubelet's GetCachedNode).
+type GetNode = func(ctx context.Context, useCache bool) (*v1.Node, error)
+
+// Admitter admits the node's pods one at a time.
+type Admitter struct {
+	mu    sync.Mutex
+	dm    *devicemanager.ManagerImpl
+	table *pods.Table
+	alloc allocation.Manager
+}
+
+// New wires the kubelet's allocation manager (its checkpoint under root) with the topology manager's admit handler
+// (tm, with the device manager as its hint provider) and the predicate admit handler.
+func New(root string, dm *devicemanager.ManagerImpl, tm topologymanager.Manager, table *pods.Table, sources config.SourcesReady, getNode GetNode) *Admitter {
+	alloc := allocation.NewManager(root, nil, nil, table.GetActivePods, table.Get, sources, &record.FakeRecorder{})
+	alloc.AddPodAdmitHandlers(lifecycle.PodAdmitHandlers{
+		tm,
+		lifecycle.NewPredicateAdmitHandler(getNode, lifecycle.NewAdmissionFailureHandlerStub(), dm.UpdatePluginResources),
+	})
+	return &Admitter{dm: dm, table: table, alloc: alloc}
+}
+
+// NewTopologyManager is the kubelet's default topology manager (policy none): its admit handler calls each hint
+// provider's Allocate for every init container, then every app container.
+func NewTopologyManager() (topologymanager.Manager, error) {
+	return topologymanager.NewManager(nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil)
+}
+
+// Admit adds the pod to the pod manager and runs the admit handlers. An admitted pod's containers are then
+// started (the device manager's GetDeviceRunContainerOptions, which the kubelet calls when it creates each
+// container: PreStartContainer where a plugin asks for it, and the envs the plugin gave) and it is Running; a
+// rejected pod is Failed, so it leaves the active pods.
+func (a *Admitter) Admit(pod *v1.Pod) Result {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.table.Add(pod)
+	ok, reason, message := a.alloc.AddPod(a.table.GetActivePods(), pod)
+	if !ok {
+		a.table.SetPhase(pod.UID, v1.PodFailed)
+		klog.InfoS("pod rejected", "pod", klog.KObj(pod), "podUID", pod.UID, "reason", reason, "message", message)
+		return Result{Admitted: false, Reason: reason, Message: message}
+	}
+	a.start(pod)
+	a.table.SetPhase(pod.UID, v1.PodRunning)
+	klog.V(2).InfoS("pod admitted", "pod", klog.KObj(pod), "podUID", pod.UID)
+	return Result{Admitted: true}
+}
+
+// AdmitBatch admits pods as HandlePodAdditions does with one batch: sorted by creation time, one at a time.
+func (a *Admitter) AdmitBatch(batch []*v1.Pod) []Result {
+	sorted := append([]*v1.Pod(nil), batch...)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		return sorted[i].CreationTimestamp.Before(&sorted[j].CreationTimestamp)
+	})
+	out := make([]Result, len(sorted))
+	for i, p := range sorted {
+		out[i] = a.Admit(p)
+	}
+	return out
+}
+
+// Adopt takes a pod that was already admitted and Running before a restart: it goes into the pod manager as
+// active, without a second admission, and keeps the devices its checkpoint holds.
+func (a *Admitter) Adopt(pod *v1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.table.Add(pod)
+	a.table.SetPhase(pod.UID, v1.PodRunning)
+	a.start(pod)
+}
+
+// start records each container's run options from the device manager, in the order the kubelet starts them.
+func (a *Admitter) start(pod *v1.Pod) {
+	ctx := context.Background()
+	containers := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
+	for i := range containers {
+		c := &containers[i]
+		opts, err := a.dm.GetDeviceRunContainerOptions(ctx, pod, c)
+		if err != nil {
+			klog.ErrorS(err, "container run options", "pod", klog.KObj(pod), "podUID", pod.UID, "container", c.Name)
+			continue
+		}
+		envs := map[string]string{}
+		if opts != nil {
+			for _, e := range opts.Envs {
+				envs[e.Name] = e.Value
+			}
+		}
+		a.table.SetEnvs(pod.UID, c.Name, envs)
+	}
+}
+
+// End makes the pod inactive (its containers are gone) and lets the device manager free its devices, as the
+// kubelet's housekeeping does once the pod worker has terminated the pod.
+func (a *Admitter) End(pod *v1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.table.End(pod.UID)
+	a.alloc.RemovePod(pod.UID)
+	a.dm.UpdateAllocatedDevices()
+	klog.V(2).InfoS("pod ended", "pod", klog.KObj(pod), "podUID", pod.UID)
+}

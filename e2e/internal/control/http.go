@@ -1,0 +1,98 @@
+// Package control is the node's control HTTP API: thin handlers over the functions that admit and end pods and
+// read the device manager's books.
+//
+//	GET  /healthz  -> "ok"
+//	GET  /books    -> the device manager's books (devices.Books)
+//	POST /admit    -> body: a v1.Pod (metadata.uid set); answer {"admitted","reason","message"} once admitted or
+//	                  rejected (standalone nodes only)
+//	POST /end      -> body: {"uid": "..."}; the pod ends and its devices are freed
+package control
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpushare/devplugin/e2e/internal/admission"
+	"github.com/gpushare/devplugin/e2e/internal/devices"
+)
+
+// ErrNotFound is what End returns for a uid the node does not hold.
+var ErrNotFound = errors.New("no pod of this uid on the node")
+
+// API is what the handlers call.
+type API struct {
+	Books func() devices.Books
+	// Admit is nil on a node that takes its pods from an apiserver.
+	Admit func(pod *v1.Pod) (admission.Result, error)
+	End   func(uid types.UID) error
+}
+
+const maxBody = 4 << 20
+
+// Handler routes the control API.
+func Handler(api API) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /books", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, api.Books())
+	})
+	mux.HandleFunc("POST /admit", func(w http.ResponseWriter, r *http.Request) {
+		if api.Admit == nil {
+			httpError(w, http.StatusConflict, "this node takes its pods from the apiserver: create the pod there, or start the node with --standalone")
+			return
+		}
+		pod := &v1.Pod{}
+		if err := decode(r, pod); err != nil {
+			httpError(w, http.StatusBadRequest, "the body is not a v1.Pod in JSON: "+err.Error())
+			return
+		}
+		res, err := api.Admit(pod)
+		if err != nil {
+			httpError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("POST /end", func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			UID string `json:"uid"`
+		}
+		if err := decode(r, &body); err != nil || body.UID == "" {
+			httpError(w, http.StatusBadRequest, `the body must be {"uid": "<pod uid>"}`)
+			return
+		}
+		err := api.End(types.UID(body.UID))
+		if errors.Is(err, ErrNotFound) {
+			httpError(w, http.StatusNotFound, fmt.Sprintf("no pod of uid %s on this node", body.UID))
+			return
+		}
+		if err != nil {
+			httpError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]bool{"ended": true})
+	})
+	return mux
+}
+
+func decode(r *http.Request, into any) error {
+	return json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(into)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func httpError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
