@@ -78,8 +78,8 @@ def test_gpu_count_with_a_share_only_through_the_multi_gpu_label() -> None:
                                  "GPUSHARE_LIMITS_FILE", "LD_PRELOAD"])
 def test_slice_containers_may_not_set_the_daemons_env(env: str) -> None:
     msg = deny(pod(containers=[container(mem=2, env={env: "x"})]))
-    assert f"container 'main': sets env {env}, which the node daemon sets for GPU shares; remove it" in msg
-    assert validate(pod(containers=[container(count=1, env={env: "x"})]), LARGEST).allowed  # whole GPUs
+    assert f"containers[0] 'main': sets env {env}, which only the node daemon may set" in msg
+    assert "only the node daemon may set" in deny(pod(containers=[container(count=1, env={env: "x"})]))  # whole
     assert validate(pod(containers=[container(mem=2, env={"CUDA_VISIBLE_ORDER": "x"})]), LARGEST).allowed
 
 
@@ -121,3 +121,84 @@ def test_void_opt_out_per_pod_and_per_namespace() -> None:
     assert mutate(p) == []
     assert mutate(pod(), namespace_labels={LABEL_VOID_OPT_OUT: "keep"}) == []
     assert mutate(pod(labels={LABEL_VOID_OPT_OUT: "other"}))  # only "keep" opts out
+
+
+# --- no GPU without a grant: every container of every pod -----------------------------------------------------
+def _with(c: dict, **extra: object) -> dict:
+    c.update(extra)
+    return c
+
+
+@pytest.mark.parametrize(("make", "where"), [
+    (lambda env: pod(containers=[container(env=env)]), "containers[0] 'main'"),  # asks for no GPU at all
+    (lambda env: pod(containers=[container(count=1, env=env)]), "containers[0] 'main'"),  # a whole GPU
+    (lambda env: pod(containers=[container(mem=2), container("side", env=env)]), "containers[1] 'side'"),
+    (lambda env: _with(pod(mem=2), spec={**pod(mem=2)["spec"], "initContainers": [container("init", env=env)]}),
+     "initContainers[0] 'init'"),
+    (lambda env: _with(pod(), spec={**pod()["spec"], "ephemeralContainers": [{"name": "debug", "image": "cuda",
+                                                                             "env": [{"name": k, "value": v} for k, v
+                                                                                     in env.items()]}]}),
+     "ephemeralContainers[0] 'debug'"),
+])
+@pytest.mark.parametrize("env", [{"NVIDIA_VISIBLE_DEVICES": "all"}, {"CUDA_VISIBLE_DEVICES": "0,1"},
+                                 {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}, {"CUDA_DEVICE_MEMORY_LIMIT": "80g"}])
+def test_no_container_of_any_pod_may_set_the_env_that_grants_gpus(make, where: str, env: dict) -> None:  # type: ignore[no-untyped-def]
+    msg = deny(make(env))
+    assert f"{where}: sets env {next(iter(env))}, which only the node daemon may set" in msg
+
+
+def test_void_grants_nothing_and_is_allowed_on_containers_without_a_gpu() -> None:
+    assert validate(pod(containers=[container(env={"NVIDIA_VISIBLE_DEVICES": "void"})]), LARGEST).allowed
+    assert "sets env NVIDIA_VISIBLE_DEVICES" in deny(pod(containers=[container(mem=2, env={
+        "NVIDIA_VISIBLE_DEVICES": "void"})]))
+    from_ref = container()
+    from_ref["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]
+    assert "sets env NVIDIA_VISIBLE_DEVICES" in deny(pod(containers=[from_ref]))
+    assert validate(pod(containers=[container(env={"LD_PRELOAD": "/lib/jemalloc.so"})]), LARGEST).allowed
+
+
+@pytest.mark.parametrize("source", [{"configMapRef": {"name": "gpu-env"}}, {"secretRef": {"name": "gpu-env"}},
+                                    {"configMapRef": {"name": "gpu-env"}, "prefix": "NVIDIA_"},
+                                    {"configMapRef": {"name": "gpu-env"}, "prefix": "CUDA"}])
+def test_env_from_that_could_spell_a_reserved_name_is_refused_where_the_webhook_cannot_void_it(source: dict) -> None:
+    kind = "ConfigMap" if "configMapRef" in source else "Secret"
+    gpu = container(mem=2)
+    gpu["envFrom"] = [source]
+    assert f"containers[0] 'main': envFrom {kind} 'gpu-env' could set env names only the node daemon may set" in (
+        deny(pod(containers=[gpu])))
+    opted = container()
+    opted["envFrom"] = [source]
+    assert "envFrom" in deny(pod(containers=[opted], labels={LABEL_VOID_OPT_OUT: "keep"}))
+    # a container without a GPU gets NVIDIA_VISIBLE_DEVICES=void from the mutating webhook, and env wins over envFrom
+    assert validate(pod(containers=[opted]), LARGEST).allowed
+
+
+def test_env_from_with_a_prefix_that_cannot_spell_a_reserved_name_is_allowed() -> None:
+    gpu = container(mem=2)
+    gpu["envFrom"] = [{"configMapRef": {"name": "app"}, "prefix": "APP_"}]
+    assert validate(pod(containers=[gpu]), LARGEST).allowed
+
+
+def test_a_new_ephemeral_container_gets_void_and_existing_containers_are_left_alone() -> None:
+    old = pod(containers=[container(mem=2)])
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "nvidia/cuda"}]
+    ops = mutate(new, old=old)
+    assert ops == [{"op": "add", "path": "/spec/ephemeralContainers/0/env",
+                    "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}]
+    patched = jsonpatch.apply_patch(new, ops)
+    assert validate(patched, LARGEST).allowed
+    assert mutate(patched, old=patched) == []
+
+
+def test_an_ephemeral_container_added_later_may_not_grant_itself_gpus() -> None:
+    from devplugin.scheduler.admission import validate_update
+    old = pod(containers=[container(mem=2)])
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "nvidia/cuda",
+                                           "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]
+    verdict = validate_update(new, old)
+    assert not verdict.allowed
+    assert "ephemeralContainers[0] 'debug': sets env NVIDIA_VISIBLE_DEVICES, which only the node daemon" in (
+        verdict.message)
+    assert validate_update(new, new).allowed  # already there: another update of the pod is not re-judged

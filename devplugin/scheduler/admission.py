@@ -21,8 +21,14 @@ from devplugin.contract import (
 )
 
 VOID = "void"
-RESERVED_ENV_EXACT = (ENV_NVIDIA_VISIBLE_DEVICES, "LD_PRELOAD")
-RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_", "GPUSHARE_")
+# The env names the node daemon owns: a GPU is granted (and limited) through them, so no container of any pod,
+# with or without a GPU request, may set them itself.
+RESERVED_ENV_EXACT = (ENV_NVIDIA_VISIBLE_DEVICES, "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+                      "GPU_CORE_UTILIZATION_POLICY", "LIBCUDA_LOG_LEVEL")
+SLICE_ONLY_ENV = ("LD_PRELOAD",)  # reserved in containers that ask for our GPUs (the shim comes first)
+RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_", "GPUSHARE_", "ALIYUN_COM_GPU_MEM_", "NVIDIA_VISIBLE_")
+NO_GPU_VALUES = (VOID, "none", "")  # NVIDIA_VISIBLE_DEVICES values that grant nothing (the mutating webhook's)
+CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
 
 
 @dataclass(frozen=True)
@@ -34,21 +40,87 @@ class Verdict:
     rules: tuple[str, ...] = ()  # a short code for each rule a denied pod breaks (metrics: denials by rule)
 
 
-def _containers(pod: Mapping) -> list[tuple[str, int, Mapping]]:
+def _containers(pod: Mapping, fields: tuple[str, ...] = ("initContainers", "containers")
+                ) -> list[tuple[str, int, Mapping]]:
     spec = pod.get("spec") or {}
-    out = [("initContainers", i, c) for i, c in enumerate(spec.get("initContainers") or [])]
-    out += [("containers", i, c) for i, c in enumerate(spec.get("containers") or [])]
-    return out
+    return [(f, i, c) for f in fields for i, c in enumerate(spec.get(f) or []) if isinstance(c, Mapping)]
 
 
-def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
+def reserved(name: str) -> bool:
+    """An env name the node daemon owns."""
+    return name in RESERVED_ENV_EXACT or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def _prefix_may_reach_reserved(prefix: str) -> bool:
+    """Whether `prefix` + some key can spell a reserved name (an envFrom prefix is glued to each key)."""
+    return any(n.startswith(prefix) or prefix.startswith(n) for n in RESERVED_ENV_EXACT + RESERVED_ENV_PREFIXES)
+
+
+def env_problems(pod: Mapping, namespace_opted_out: bool = False) -> list[str]:
+    """Every container (init, app, ephemeral) of any pod that sets an env name the node daemon owns, by `env` or by
+    an `envFrom` whose names the webhook cannot read. NVIDIA_VISIBLE_DEVICES=void (or none) grants nothing and is
+    allowed on containers that ask for no GPU of ours (the mutating webhook sets it). An `envFrom` is allowed when
+    its `prefix` cannot spell a reserved name, and on containers that ask for no GPU when the mutating webhook's
+    NVIDIA_VISIBLE_DEVICES=void covers them (an `env` entry wins over `envFrom`)."""
+    problems = []
+    pod_opted_out = opted_out(pod) or namespace_opted_out
+    for field_name, i, spec in _containers(pod, CONTAINER_FIELDS):
+        where = f"{field_name}[{i}] {str(spec.get('name', ''))!r}"
+        ours = _asks_ours(spec)
+        for e in spec.get("env") or []:
+            if not isinstance(e, Mapping):
+                continue
+            name = str(e.get("name", ""))
+            if not reserved(name) and not (ours and name in SLICE_ONLY_ENV):
+                continue
+            if (name == ENV_NVIDIA_VISIBLE_DEVICES and not ours and "valueFrom" not in e
+                    and str(e.get("value", "")).strip().lower() in NO_GPU_VALUES):
+                continue
+            problems.append(f"{where}: sets env {name}, which only the node daemon may set (it grants and limits "
+                            "GPUs); remove it from the pod spec")
+        voided = not ours and not pod_opted_out
+        for src in spec.get("envFrom") or []:
+            if not isinstance(src, Mapping):
+                continue
+            prefix = str(src.get("prefix") or "")
+            if voided or (prefix and not _prefix_may_reach_reserved(prefix)):
+                continue
+            ref = src.get("configMapRef") or src.get("secretRef") or {}
+            kind = "ConfigMap" if "configMapRef" in src else "Secret"
+            problems.append(f"{where}: envFrom {kind} {str(ref.get('name', ''))!r} could set env names only the node "
+                            "daemon may set (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_*, ...), which "
+                            "the webhook cannot read; give it a prefix (for example APP_) or list the variables "
+                            "under env")
+    return problems
+
+
+def validate_update(pod: Mapping, old: Mapping) -> Verdict:
+    """An UPDATE: a container's env cannot change once the pod exists, so only ephemeral containers added now (by
+    `kubectl debug`, the pods/ephemeralcontainers subresource) are checked."""
+    before = {str(c.get("name")) for _, _, c in _containers(old, ("ephemeralContainers",))}
+    added = [c for _, _, c in _containers(pod, ("ephemeralContainers",)) if str(c.get("name")) not in before]
+    probe = {"metadata": pod.get("metadata") or {}, "spec": {"ephemeralContainers": added}}
+    problems = env_problems(probe)
+    if problems:
+        return Verdict(False, "; ".join(problems), rules=("reserved_env",))
+    return Verdict(True)
+
+
+def _asks_ours(spec: Mapping) -> bool:
+    res = spec.get("resources") or {}
+    keys = list((res.get("limits") or {}).keys()) + list((res.get("requests") or {}).keys())
+    return any(k in resource_names() for k in keys)
+
+
+def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool = False) -> Verdict:
     """Allow or deny a pod; every denial lists each problem with what to change."""
+    env = env_problems(pod, namespace_opted_out)
     try:
         req = pod_request(pod)
     except PodRequestError as exc:
-        return Verdict(False, str(exc), rules=("pod_request",))
-    problems: list[str] = []
-    rules: list[str] = []
+        return Verdict(False, "; ".join([str(exc), *env]), rules=("pod_request",) + (("reserved_env",) if env else ()))
+    problems: list[str] = list(env)
+    rules: list[str] = ["reserved_env"] * len(env)
 
     def deny(rule: str, problem: str) -> None:
         problems.append(problem)
@@ -56,10 +128,8 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
 
     names = resource_names()
     n = req.gpus_per_container
-    env_names: dict[str, list[str]] = {}  # container name -> the env names it sets
     for _, _, spec in _containers(pod):
         cname = str(spec.get("name", ""))
-        env_names.setdefault(cname, [str(e.get("name", "")) for e in spec.get("env") or [] if isinstance(e, Mapping)])
         res = spec.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         for full in names:
@@ -96,10 +166,6 @@ def validate(pod: Mapping, largest_gpu_units: int = 0) -> Verdict:
                      + ("" if n > 1 else f" or label the pod {LABEL_ACK_MULTI_GPU}=N to split it"))
             if not largest_gpu_units:
                 warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
-            for env in env_names.get(c.name, ()):
-                if env in RESERVED_ENV_EXACT or env.startswith(RESERVED_ENV_PREFIXES):
-                    deny("reserved_env", f"{where}: sets env {env}, which the node daemon sets for GPU shares; "
-                         "remove it from the pod spec")
     if problems:
         return Verdict(False, "; ".join(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
@@ -126,14 +192,17 @@ def opted_out(pod: Mapping, namespace_labels: Mapping[str, str] | None = None) -
             or (namespace_labels or {}).get(LABEL_VOID_OPT_OUT) == VOID_OPT_OUT_VALUE)
 
 
-def mutate(pod: Mapping, namespace_labels: Mapping[str, str] | None = None) -> list[dict]:
+def mutate(pod: Mapping, namespace_labels: Mapping[str, str] | None = None, old: Mapping | None = None) -> list[dict]:
     """JSON Patch (RFC 6902) setting NVIDIA_VISIBLE_DEVICES=void on containers that ask for no GPU and do not
-    set it themselves; [] when the pod or namespace opts out. Idempotent."""
+    set it themselves; [] when the pod or namespace opts out. Idempotent. On an UPDATE (`old` given: an ephemeral
+    container added by `kubectl debug`) only the ephemeral containers that are new are patched."""
     if opted_out(pod, namespace_labels):
         return []
     ops: list[dict] = []
-    for field_name, i, spec in _containers(pod):
-        if _asks_gpu(spec):
+    existing = {str(c.get("name")) for _, _, c in _containers(old, ("ephemeralContainers",))} if old else set()
+    fields = ("ephemeralContainers",) if old is not None else CONTAINER_FIELDS
+    for field_name, i, spec in _containers(pod, fields):
+        if str(spec.get("name")) in existing or _asks_gpu(spec):
             continue
         env = spec.get("env")
         if any(isinstance(e, Mapping) and e.get("name") == ENV_NVIDIA_VISIBLE_DEVICES for e in env or []):

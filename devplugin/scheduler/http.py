@@ -207,7 +207,10 @@ async def validate_endpoint(svc: Service, body: bytes) -> Response:
     if pod is None or review.request.operation not in ("CREATE", "UPDATE"):
         svc.metrics.review("validate", "allowed")
         return _json(AdmissionReviewResponse(response=AdmissionResponse(uid=uid, allowed=True)))
-    verdict = admission.validate(pod, svc.state.largest_gpu_units())
+    if review.request.operation == "UPDATE":
+        verdict = admission.validate_update(pod, review.request.oldObject or {})
+    else:
+        verdict = admission.validate(pod, svc.state.largest_gpu_units())
     svc.metrics.review("validate", "allowed" if verdict.allowed else "denied", verdict.rules)
     resp = AdmissionResponse(uid=uid, allowed=verdict.allowed, warnings=list(verdict.warnings) or None)
     if not verdict.allowed:
@@ -222,8 +225,10 @@ async def mutate_endpoint(svc: Service, body: bytes) -> Response:
     review, pod = _review(body)
     uid = review.request.uid
     resp = AdmissionResponse(uid=uid, allowed=True)
-    if pod is not None and review.request.operation == "CREATE":
-        ops = admission.mutate(pod)  # namespaces opt out through the webhook's namespaceSelector
+    if pod is not None and review.request.operation in ("CREATE", "UPDATE"):
+        # namespaces opt out through the webhook's namespaceSelector; an UPDATE adds ephemeral containers
+        old = (review.request.oldObject or {}) if review.request.operation == "UPDATE" else None
+        ops = admission.mutate(pod, old=old)
         if ops:
             resp.patch = base64.b64encode(json.dumps(ops).encode()).decode()
             resp.patchType = "JSONPatch"

@@ -142,6 +142,8 @@ class AdmissionRequest(_Open):
     namespace: str = ""
     operation: str = "CREATE"
     object: dict[str, Any] | None = None
+    oldObject: dict[str, Any] | None = None  # the pod before an UPDATE (an ephemeral container being added)
+    subResource: str = ""
     dryRun: bool | None = None
 
 
