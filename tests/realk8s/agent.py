@@ -146,7 +146,8 @@ class NodeAgent:
         return result
 
     def admit(self, pod: dict[str, Any]) -> dict[str, Any]:
-        """Admit a pod (standalone agents); returns {"admitted", "reason", "message"} once admission finished."""
+        """Admit a pod (standalone agents); returns {"admitted", "reason", "message", "seconds"} once admission
+        finished (seconds: the admit handlers' time inside the agent)."""
         result: dict[str, Any] = self._call("POST", "/admit", pod)
         return result
 

@@ -9,6 +9,7 @@ import (
 	"context"
 	"sort"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -22,11 +23,13 @@ import (
 	"github.com/gpushare/devplugin/e2e/internal/pods"
 )
 
-// Result is the outcome of one admission: Reason and Message are the rejecting handler's own.
+// Result is the outcome of one admission: Reason and Message are the rejecting handler's own; Seconds is how
+// long the admit handlers took (the device plugins' calls included, the containers' start not).
 type Result struct {
-	Admitted bool   `json:"admitted"`
-	Reason   string `json:"reason"`
-	Message  string `json:"message"`
+	Admitted bool    `json:"admitted"`
+	Reason   string  `json:"reason"`
+	Message  string  `json:"message"`
+	Seconds  float64 `json:"seconds"`
 }
 
 // GetNode returns the Node the predicate admit handler checks the pod against (the kubelet's GetCachedNode).
@@ -65,16 +68,18 @@ func (a *Admitter) Admit(pod *v1.Pod) Result {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.table.Add(pod)
+	start := time.Now()
 	ok, reason, message := a.alloc.AddPod(a.table.GetActivePods(), pod)
+	took := time.Since(start).Seconds()
 	if !ok {
 		a.table.SetPhase(pod.UID, v1.PodFailed)
 		klog.InfoS("pod rejected", "pod", klog.KObj(pod), "podUID", pod.UID, "reason", reason, "message", message)
-		return Result{Admitted: false, Reason: reason, Message: message}
+		return Result{Admitted: false, Reason: reason, Message: message, Seconds: took}
 	}
 	a.start(pod)
 	a.table.SetPhase(pod.UID, v1.PodRunning)
 	klog.V(2).InfoS("pod admitted", "pod", klog.KObj(pod), "podUID", pod.UID)
-	return Result{Admitted: true}
+	return Result{Admitted: true, Seconds: took}
 }
 
 // AdmitBatch admits pods as HandlePodAdditions does with one batch: sorted by creation time, one at a time.

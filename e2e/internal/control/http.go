@@ -3,7 +3,7 @@
 //
 //	GET  /healthz  -> "ok"
 //	GET  /books    -> the device manager's books (devices.Books)
-//	POST /admit    -> body: a v1.Pod (metadata.uid set); answer {"admitted","reason","message"} once admitted or
+//	POST /admit    -> body: a v1.Pod (metadata.uid set); answer {"admitted","reason","message","seconds"} once admitted or
 //	                  rejected (standalone nodes only)
 //	POST /end      -> body: {"uid": "..."}; the pod ends and its devices are freed
 package control
