@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from devplugin.allocation.node import MODES, PLACEMENTS
 from devplugin.allocation.units import MemUnit, parse_mem_unit
+from devplugin.deviceplugin.device_list import STRATEGIES
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_"
@@ -61,6 +62,11 @@ class Config:
     health_port: int = _opt(
         8089, "port of the /healthz, /readyz and /metrics (Prometheus) endpoints (0: none); ready once the node's "
         "held devices are known and every resource is registered")
+    device_list_strategy: str = _opt(
+        "envvar", "how a container is told its GPUs: envvar (NVIDIA_VISIBLE_DEVICES=<UUIDs>), volume-mounts (a "
+        "mount per GPU under /var/run/nvidia-container-devices; a pod's own env then grants nothing) or cdi-cri (CDI "
+        "device names nvidia.com/gpu=<UUID>); see docs/security.md for the container toolkit's settings",
+        choices=STRATEGIES)
     shim: str = _opt("auto", "mount the isolation shim into shared containers: auto (when --shim-lib exists), "
                      "on, off", choices=("auto", "on", "off"))
     shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")

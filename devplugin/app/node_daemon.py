@@ -159,7 +159,8 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     if metrics is not None:
         allocator.on_lookup = metrics.lookup
         metrics.prepare([node.resource_name(k) for k in node.kinds])
-    daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync, observer=metrics)
+    daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync, observer=metrics,
+                    device_list_strategy=cfg.device_list_strategy)
 
     def health_changed(uuid: str, healthy: bool, reason: str) -> bool:
         changed = board.set_health(uuid, healthy, reason)

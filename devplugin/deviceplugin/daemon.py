@@ -35,7 +35,8 @@ class Daemon:
     """Serves every resource of the node's mode and re-registers when the kubelet restarts."""
 
     def __init__(self, node: Node, plugin_dir: Path, allocator: Allocator, board: DeviceBoard,
-                 sync: Callable[[], bool] | None = None, observer: AdmissionObserver | None = None) -> None:
+                 sync: Callable[[], bool] | None = None, observer: AdmissionObserver | None = None,
+                 device_list_strategy: str = "envvar") -> None:
         """`sync` learns which devices containers already hold (PodResources); the daemon registers with the kubelet
         only once it succeeded, retrying with backoff until then. `observer` hears every admission call."""
         self.node = node
@@ -48,7 +49,7 @@ class Daemon:
             self.state_known.set()
         self.servers = {
             kind: PluginServer(plugin_dir, socket_name(node.domain, kind),
-                               DevicePluginServicer(kind, allocator, board, observer))
+                               DevicePluginServicer(kind, allocator, board, observer, device_list_strategy))
             for kind in node.kinds
         }
         self._registered_with: dict[Kind, int] = {}  # kind -> inode of the kubelet.sock we registered with

@@ -14,6 +14,7 @@ from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.errors import RequestError
 from devplugin.allocation.units import Kind
 from devplugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from devplugin.deviceplugin.device_list import device_list
 from devplugin.deviceplugin.devices import DeviceBoard
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one resource (gpu-mem, gpu-core.percentage or gpu-count)."""
 
     def __init__(self, kind: Kind, allocator: Allocator, board: DeviceBoard,
-                 observer: AdmissionObserver | None = None) -> None:
+                 observer: AdmissionObserver | None = None, device_list_strategy: str = "envvar") -> None:
+        device_list(device_list_strategy, (), {})  # refuses an unknown strategy now, not at the first Allocate
+        self.device_list_strategy = device_list_strategy
         self.kind = kind
         self.resource = allocator.node.resource_name(kind)
         self.allocator = allocator
@@ -101,12 +104,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     grant = self.allocator.allocate(self.kind, req.devices_ids)
                 except RequestError as exc:
                     self._refuse(context, "Allocate", exc)
+                grants = device_list(self.device_list_strategy, grant.gpus, grant.envs, grant.mounts)
                 response.container_responses.add(
-                    envs=grant.envs,
+                    envs=grants.envs,
                     mounts=[
                         api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                        for m in grant.mounts
+                        for m in grants.mounts
                     ],
+                    cdi_devices=[api_pb2.CDIDevice(name=name) for name in grants.cdi_devices],
                 )
             return response
         finally:
