@@ -14,6 +14,8 @@ Strategic merge patches are applied as JSON merge patches (lists are replaced), 
 annotations. A binding answers a Status (like the real apiserver), which the Python client cannot deserialize
 into V1Binding: call it with `_preload_content=False`.
 
+The pod proxy (GET .../pods/NAME:PORT/proxy/PATH) forwards to the pod's status.podIP.
+
 Faults for tests: down("refuse" | "reset" | "503") and up(), delay(seconds) before every request, compact()
 (every resourceVersion handed out so far becomes too old: open watches get 410), close_watches().
 """

@@ -9,10 +9,12 @@ import socket
 import struct
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from devplugin_sim.fake_apiserver_store import (
     RESOURCES,
@@ -143,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if url.path in ("/healthz", "/readyz", "/livez"):
                 return self._send_text(200, "ok")
+            if method == "GET" and "/proxy/" in url.path:
+                return self._proxy(url.path)
             self._dispatch(method, url.path, query, body)
         except ApiError as exc:
             self._send(exc.code, exc.status())
@@ -188,6 +192,25 @@ class Handler(BaseHTTPRequestHandler):
             uid = (((body or {}).get("preconditions")) or {}).get("uid", "")
             return self._send(200, store.delete(resource, ns, name, uid))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
+
+    def _proxy(self, path: str) -> None:
+        """GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH: the pod's status.podIP and PORT (a number, as the
+        real apiserver takes it), like the apiserver's pod proxy; 503 when the pod does not answer."""
+        parts = path.split("/", 8)
+        if len(parts) < 8 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods" or parts[7] != "proxy":
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        name, _, port = unquote(parts[6]).partition(":")
+        pod = self.server.fake.store.get(PODS, parts[4], name)
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip or not port.isdigit():
+            raise ApiError(503, "ServiceUnavailable", f"pod {name} has no IP, or port {port!r} is not a number")
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{port}/{parts[8] if len(parts) > 8 else ''}", timeout=10) as r:
+                return self._send_text(r.status, r.read().decode())
+        except urllib.error.HTTPError as exc:
+            return self._send_text(exc.code, exc.read().decode())
+        except OSError as exc:
+            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: {exc}") from None
 
     def _bind(self, ns: str, name: str, body: dict) -> None:
         target = (body.get("target") or {}).get("name")

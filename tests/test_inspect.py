@@ -48,7 +48,7 @@ def run(capsys: pytest.CaptureFixture[str], api: FakeApiserver, *args: str) -> s
 
 
 def test_text_summary_per_node_and_gpu(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
-    out = run(capsys, cluster)
+    out = run(capsys, cluster, "--no-use")
     assert all(len(line) <= 80 for line in out.splitlines())
     assert out == (
         "gpu-a  10.0.0.5  core_mem  binpack\n"
@@ -133,3 +133,14 @@ def test_hostile_annotations_do_not_crash_inspect(cluster: FakeApiserver, capsys
     assert (gpu0["memAllocated"], gpu0["memTotal"]) == (10, 16)  # junk takes no room
     assert "the number 1e999 is not a whole number" in doc["nodes"][3]["problem"]
     assert {p["name"] for p in doc["pending"]} >= {"hostile-0", "hostile-1", "hostile-2", "hostile-3"}
+
+
+def test_use_unknown_says_why_and_shows_dashes(cluster: FakeApiserver, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, cluster, "gpu-a")
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "  ! use unknown: no running node daemon pod (app=gpushare-devplugin) on this\n" in out
+    assert "  GPU  MEMORY(GiB)  USED  CORE(%)  USED  PODS\n" in out
+    assert "  0    10/16        -     30/100   -     2\n" in out
+    doc = json.loads(run(capsys, cluster, "-o", "json", "gpu-a"))
+    assert "no running node daemon pod" in doc["nodes"][0]["useError"]
+    assert doc["nodes"][0]["gpus"][0]["memUsedMiB"] is None

@@ -7,12 +7,14 @@ import json
 import sys
 
 from devplugin.inspect.layout import render_text
-from devplugin.inspect.report import build_report
+from devplugin.inspect.report import attach_use, build_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("node", nargs="?", default="", help="show this node only")
-    p.add_argument("-d", "--details", action="store_true", help="list the pods on each GPU")
+    p.add_argument("-d", "--details", action="store_true", help="list the pods on each GPU, with what each uses")
+    p.add_argument("--no-use", action="store_true",
+                   help="allocation only: do not ask the node daemons what their containers use")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     p.add_argument("--kubeconfig", default="",
                    help="kubeconfig (default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
@@ -42,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"inspect: cannot reach the apiserver: {exc}\n")
         return 1
     report = build_report(nodes, pods, with_pending=not args.node)
+    if not args.no_use:
+        from devplugin.inspect.use import read_use
+
+        attach_use(report, read_use(api, [n.name for n in report.nodes if n.gpus]))
     if args.output == "json":
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
@@ -51,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl inspect gpushare",
-                                     description="GPU memory and compute allocated per node and per GPU.")
+                                     description="GPU memory and compute allocated per node and per GPU, and what "
+                                                 "the containers use of it.")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -1,11 +1,12 @@
-"""Text layout of the report: one block per node, one row per GPU, so any GPU count fits 80 columns."""
+"""Text layout of the report: one block per node, one row per GPU, so any GPU count fits 80 columns; with the
+node daemons' figures, the memory and compute used beside each allocation."""
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
 
-from devplugin.inspect.report import GpuReport, NodeReport, Report
+from devplugin.inspect.report import GpuReport, NodeReport, PodOnGpu, Report
 
 WIDTH = 80
 
@@ -35,32 +36,61 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _gpu_row(g: GpuReport) -> list[str]:
+def _used(mib: float | None, unit_mib: int) -> str:
+    if mib is None:
+        return "-"
+    value = mib / unit_mib
+    return f"{value:.1f}".rstrip("0").rstrip(".") if value else "0"
+
+
+def _gpu_row(g: GpuReport, unit_mib: int, use: bool) -> list[str]:
     core = "whole" if g.whole else f"{g.coreAllocated}/{g.coreTotal}"
     note = "" if g.healthy else "unhealthy"
-    return [str(g.index), f"{g.memAllocated}/{g.memTotal}", core, str(len(g.pods)), note]
+    if not use:
+        return [str(g.index), f"{g.memAllocated}/{g.memTotal}", core, str(len(g.pods)), note]
+    compute = "-" if g.computeUsed is None else f"{round(g.computeUsed)}"
+    return [str(g.index), f"{g.memAllocated}/{g.memTotal}", _used(g.memUsedMiB, unit_mib), core, compute,
+            str(len(g.pods)), note]
 
 
-def node_block(n: NodeReport, details: bool) -> list[str]:
+def _pod_line(p: PodOnGpu, unit: str, unit_mib: int) -> str:
+    line = f"       {p.namespace}/{p.name} ({p.container})  " + (
+        f"whole GPU  {p.state}" if p.whole else f"{p.mem} {unit}  {p.core} %  {p.state}")
+    if p.memUsedMiB is not None:
+        line += f"  used {_used(p.memUsedMiB, unit_mib)} {unit}"
+        if p.computeUsed is not None:
+            line += f"  {round(p.computeUsed)} %"
+        if p.refused:
+            line += f"  refused {p.refused:g}"
+    return _cut(line, WIDTH)
+
+
+def node_block(n: NodeReport, details: bool, use: bool = False) -> list[str]:
     head = "  ".join(x for x in (n.name, n.ip, n.mode, n.placement) if x)
     lines = [_cut(head, WIDTH)]
     if n.problem:
         lines += textwrap.wrap(n.problem, WIDTH, initial_indent="  ! ", subsequent_indent="    ")
     if not n.gpus:
         return lines
+    if use and n.useError:
+        lines += textwrap.wrap(f"use unknown: {n.useError}", WIDTH, initial_indent="  ! ", subsequent_indent="    ")
     unit = unit_name(n.unitMiB)
-    rows: list[list[str]] = [["GPU", f"MEMORY({unit})", "CORE(%)", "PODS", ""]]
+    head_row = ["GPU", f"MEMORY({unit})", "USED", "CORE(%)", "USED", "PODS", ""] if use else \
+        ["GPU", f"MEMORY({unit})", "CORE(%)", "PODS", ""]
+    rows: list[list[str]] = [head_row]
     pod_lines: dict[int, list[str]] = {}
     for g in n.gpus:
-        rows.append(_gpu_row(g))
+        rows.append(_gpu_row(g, n.unitMiB, use))
         if details:
-            pod_lines[len(rows) - 1] = [
-                _cut(f"       {p.namespace}/{p.name} ({p.container})  "
-                     + (f"whole GPU  {p.state}" if p.whole else f"{p.mem} {unit}  {p.core} %  {p.state}"), WIDTH)
-                for p in g.pods]
-    rows.append(["all", f"{n.memAllocated}/{n.memTotal} ({_pct(n.memAllocated, n.memTotal)})",
-                 f"{sum(g.coreAllocated for g in n.gpus)}/{sum(g.coreTotal for g in n.gpus)}",
-                 str(sum(len(g.pods) for g in n.gpus)), ""])
+            pod_lines[len(rows) - 1] = [_pod_line(p, unit, n.unitMiB) for p in g.pods]
+    mem = f"{n.memAllocated}/{n.memTotal} ({_pct(n.memAllocated, n.memTotal)})"
+    core = f"{sum(g.coreAllocated for g in n.gpus)}/{sum(g.coreTotal for g in n.gpus)}"
+    pods = str(sum(len(g.pods) for g in n.gpus))
+    if use:
+        used = [g.memUsedMiB for g in n.gpus if g.memUsedMiB is not None]
+        rows.append(["all", mem, _used(sum(used), n.unitMiB) if used else "-", core, "", pods, ""])
+    else:
+        rows.append(["all", mem, core, pods, ""])
     for i, line in enumerate(_table(rows)):
         lines.append(line)
         lines.extend(pod_lines.get(i, []))
@@ -71,8 +101,9 @@ def render_text(report: Report, details: bool = False) -> str:
     lines: list[str] = []
     if not report.nodes:
         lines.append("No node publishes a GPU inventory (is the devplugin node daemon running?).")
+    use = any(n.useError or any(g.memUsedMiB is not None for g in n.gpus) for n in report.nodes)
     for n in report.nodes:
-        lines.extend(node_block(n, details))
+        lines.extend(node_block(n, details, use))
         lines.append("")
     if report.pending:
         rows = [["PENDING", "NODE", "MEMORY", "CORE(%)", "GPUS"]]

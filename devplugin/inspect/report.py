@@ -17,9 +17,12 @@ from devplugin.contract import (
     ANN_NODE_GPUS,
     CORE_PER_GPU,
 )
+from devplugin.inspect.use import NodeUse
 from devplugin.scheduler.placements import pod_holding
 from devplugin.scheduler.room import node_room
 from devplugin.scheduler.state import node_entry
+
+MIB = 1 << 20
 
 
 @dataclass
@@ -31,6 +34,11 @@ class PodOnGpu:
     core: int
     whole: bool
     state: str  # "allocated" (the node daemon placed it) or "scheduled" (chosen, not yet started)
+    # What it uses, from its node daemon (None: not known; see NodeReport.useError)
+    memUsedMiB: float | None = None
+    computeUsed: float | None = None  # percent of the GPU at the daemon's last measurement
+    refused: float | None = None  # allocations refused at its memory cap
+    throttledSeconds: float | None = None
 
 
 @dataclass
@@ -45,6 +53,8 @@ class GpuReport:
     coreAllocated: int
     whole: bool
     pods: list[PodOnGpu] = field(default_factory=list)
+    memUsedMiB: float | None = None  # what its containers use, from the node daemon (None: not known)
+    computeUsed: float | None = None  # percent of the GPU its measured containers used
 
 
 @dataclass
@@ -58,6 +68,7 @@ class NodeReport:
     memAllocated: int
     problem: str = ""
     gpus: list[GpuReport] = field(default_factory=list)
+    useError: str = ""  # why the node daemon's figures of use are missing ("" when they are there)
 
 
 @dataclass
@@ -141,3 +152,25 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
     total = sum(n.memTotal * n.unitMiB for n in out)
     used = sum(n.memAllocated * n.unitMiB for n in out)
     return Report(out, sorted(pending, key=lambda p: (p.namespace, p.name)), total, used)
+
+
+def attach_use(report: Report, uses: Mapping[str, NodeUse]) -> None:
+    """Put each node daemon's figures of use beside the allocation: per GPU (every container on it) and per
+    container. A node missing from `uses` or with an error keeps None and says why in useError."""
+    for node in report.nodes:
+        use = uses.get(node.name)
+        if use is None or use.error:
+            node.useError = use.error if use is not None else "not asked"
+            continue
+        by_container = use.by_container()
+        for gpu in node.gpus:
+            rows = [c for c in use.containers if c.uuid.lower() == gpu.uuid.lower()]
+            gpu.memUsedMiB = sum(c.memory_used for c in rows) / MIB
+            measured = [c.compute_used for c in rows if c.compute_used is not None]
+            gpu.computeUsed = sum(measured) if measured else None
+            for p in gpu.pods:
+                c = by_container.get((p.namespace, p.name, p.container, gpu.uuid.lower()))
+                if c is None:
+                    continue
+                p.memUsedMiB, p.computeUsed = c.memory_used / MIB, c.compute_used
+                p.refused, p.throttledSeconds = c.refused, c.throttled_s
