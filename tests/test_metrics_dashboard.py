@@ -78,7 +78,10 @@ def test_dashboard_shows_what_operators_ask_for() -> None:
                  "gpushare_resource_registered", "gpushare_admission_duration_seconds_bucket",
                  "gpushare_admission_refusals_total", "gpushare_apiserver_errors_total",
                  "gpushare_extender_duration_seconds_bucket", "gpushare_extender_binds_total",
-                 "gpushare_webhook_denials_total"):
+                 "gpushare_webhook_denials_total", "gpushare_container_memory_used_bytes",
+                 "gpushare_container_memory_limit_bytes", "gpushare_container_compute_used_percent",
+                 "gpushare_container_compute_share_percent", "gpushare_container_memory_refusals_total",
+                 "gpushare_container_throttled_seconds_total", "gpushare_container_processes"):
         assert name in used, f"the dashboard does not show {name}"
     quantiles = [e for e in queries() if "histogram_quantile(0.99" in e]
     assert any("admission_duration" in e for e in quantiles) and any("extender_duration" in e for e in quantiles)
@@ -92,3 +95,19 @@ def test_docs_list_every_metric() -> None:
         assert shown in listed, f"docs/metrics.md does not list {shown}"
     known = sample_names() | set(families())  # a histogram is listed by its family name
     assert listed <= known, f"docs/metrics.md names metrics the code does not export: {sorted(listed - known)}"
+
+
+def test_per_namespace_and_per_pod_panels_for_use_against_allocation() -> None:
+    by_title = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in panels()}
+    per_namespace = by_title["Memory used vs allocated, per namespace"]
+    assert all("by (namespace)" in e for e in per_namespace)
+    assert all("by (namespace, pod)" in e for e in by_title["Per pod: memory and compute used against allocation"])
+    at_cap = by_title["Containers at their memory cap"][0]
+    assert "gpushare_container_memory_used_bytes" in at_cap and ">=" in at_cap
+    idle = by_title["Idle slices: allocated, unused for an hour"][0]
+    assert "max_over_time(gpushare_container_memory_used_bytes" in idle and "[1h]" in idle and "offset 1h" in idle
+    doc = json.loads(DASHBOARD.read_text())
+    variables = {v["name"] for v in doc["templating"]["list"]}
+    assert "namespace" in variables
+    assert all('namespace=~"$namespace"' in e for p in panels() if p["id"] >= 24 for e in
+               [t["expr"] for t in p.get("targets", [])])
