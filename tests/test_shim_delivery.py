@@ -74,3 +74,24 @@ def test_cleanup_keeps_a_young_directory_whose_container_may_still_be_starting(t
     paths = ShimPaths(host_root=tmp_path)
     assert cleanup(paths, set(), min_age_s=600) == []
     assert cleanup(paths, set()) == ["abc"]
+
+
+def test_two_containers_whose_names_share_40_characters_each_get_their_own_limits(api) -> None:  # type: ignore[no-untyped-def]
+    """Kubernetes allows 63-character container names: the shim's host directory is named by the full name, so a
+    second container sharing the first 40 characters never overwrites the first's limits."""
+    prefix = "model-server-with-a-rather-long-name-0123"  # 41 characters
+    names = (prefix + "-small", prefix + "-large")
+    with running(apiserver=api, shim="on", shim_lib="/bin/true") as r:
+        assert r.registered_all()
+        p = r.pod("long-names", containers=[{"name": names[0], "limits": {"mem": 2, "core": 20}},
+                                            {"name": names[1], "limits": {"mem": 10, "core": 60}}])
+        assert r.wait_cached(p)
+        got = {c.name: c for c in r.admit(p).containers}  # type: ignore[attr-defined]
+        limits_paths = {}
+        for name, (mem, core) in zip(names, ((2, 20), (10, 60)), strict=True):
+            mounts = {m.container_path: m.host_path for m in got[name].mounts}
+            limits_paths[name] = mounts[contract.CONTAINER_LIMITS_PATH]
+            assert Path(limits_paths[name]).parent.name.endswith("-" + name)
+            (dev,) = contract.parse_limits(Path(limits_paths[name]).read_text()).devices
+            assert (dev.memory_limit, dev.sm_limit) == (mem << 30, core)
+        assert limits_paths[names[0]] != limits_paths[names[1]]

@@ -8,6 +8,7 @@ request grows as the kubelet calls each resource (node-local pairing, see pairin
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid as uuidlib
@@ -17,6 +18,7 @@ from devplugin.allocation.requests import ContainerRequest, PodRequest
 from devplugin.allocation.units import Kind
 
 _DIR_SAFE = re.compile(r"[^a-z0-9-]")
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # a container name, as the apiserver validates it
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,18 @@ def key_of(pod: PodRequest, container: ContainerRequest) -> ContainerKey:
 
 
 def state_dir_name(key: ContainerKey | None) -> str:
-    """The host directory name of a container's shim files: pod UID and container name, so that a new container
-    never inherits a dead one's files; a fresh random name for anonymous containers."""
+    """The host directory name of a container's shim files: pod UID and the FULL container name (a DNS label, up to
+    63 characters), so that a new container never inherits a dead one's files and two containers of a pod never
+    share them; a fresh random name for anonymous containers. A name that is not a DNS label (the apiserver allows
+    none) is made safe and suffixed with a digest of the original, so two such names still differ."""
     if key is None:
         return "anon-" + uuidlib.uuid4().hex[:20]
-    name = _DIR_SAFE.sub("-", key.container.lower())[:40].strip("-") or "c"
     uid = _DIR_SAFE.sub("", key.pod_uid.lower())[:36] or "nouid"
-    return f"{uid}-{name}"
+    if _DNS_LABEL.fullmatch(key.container):
+        return f"{uid}-{key.container}"
+    digest = hashlib.sha256(key.container.encode()).hexdigest()[:12]
+    name = _DIR_SAFE.sub("-", key.container.lower())[:50].strip("-") or "c"
+    return f"{uid}-{name}-{digest}"
 
 
 @dataclass

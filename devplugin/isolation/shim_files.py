@@ -29,7 +29,7 @@ from devplugin.allocation.ports import MountSpec
 
 log = logging.getLogger(__name__)
 
-ALLOC_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,79}")
+ALLOC_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")  # <pod UID (36)>-<container name (up to 63)>
 CONTAINERS = "containers"
 LIMITS = "limits"
 STATE = "state"
@@ -60,11 +60,11 @@ class ShimPaths:
 
 
 def check_alloc_id(alloc_id: str) -> str:
-    """Return alloc_id if it is 1..80 of [a-z0-9-], not starting with '-'; else ValueError (it names a host
+    """Return alloc_id if it is 1..100 of [a-z0-9-], not starting with '-'; else ValueError (it names a host
     directory)."""
     if not isinstance(alloc_id, str) or not ALLOC_ID.fullmatch(alloc_id):
         raise ValueError(
-            f"alloc_id {alloc_id!r} is not 1..80 characters of a-z, 0-9 and '-'; "
+            f"alloc_id {alloc_id!r} is not 1..100 characters of a-z, 0-9 and '-'; "
             "it names a directory on the host, so nothing else is accepted"
         )
     return alloc_id
