@@ -8,6 +8,9 @@
 # OUTDIR receives:
 #   ca.crt, ca.key        the CA (kept when OUTDIR already has one: run again to renew the serving pair only)
 #   tls.crt, tls.key      the serving pair; SAN: <service>.<namespace>.svc and <service>.<namespace>.svc.cluster.local
+#   client.crt, client.key  kube-scheduler's client certificate (CN kube-scheduler): the extender's verbs answer
+#                         only it; copy it to the control-plane hosts (scheduler/kube-scheduler-config.yaml)
+#   client-secret.yaml    the same pair as the Secret devplugin-scheduler-client (for the second scheduler)
 #   secret.yaml           the Secret the service mounts (tls.crt, tls.key, ca.crt), as cert-manager would write it
 #   ca-bundle.b64         the CA, base64: the webhooks' caBundle
 #   kustomization.yaml    OVERLAY without the cert-manager objects, with secret.yaml and the caBundle
@@ -51,6 +54,16 @@ openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=$dns" -keyout "$out/tls.k
 openssl x509 -req -sha256 -days "$days" -in "$out/tls.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
     -set_serial "0x$(openssl rand -hex 16)" -extfile "$out/serving.cnf" -out "$out/tls.crt" 2>/dev/null
 rm -f "$out/tls.csr" "$out/serving.cnf"
+cat > "$out/client.cnf" <<EOF
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth
+EOF
+openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=kube-scheduler" -keyout "$out/client.key" \
+    -out "$out/client.csr" 2>/dev/null
+openssl x509 -req -sha256 -days "$days" -in "$out/client.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
+    -set_serial "0x$(openssl rand -hex 16)" -extfile "$out/client.cnf" -out "$out/client.crt" 2>/dev/null
+rm -f "$out/client.csr" "$out/client.cnf"
 
 b64() { openssl base64 -A < "$1"; }
 b64 "$out/ca.crt" > "$out/ca-bundle.b64"
@@ -66,6 +79,17 @@ data:
   tls.key: $(b64 "$out/tls.key")
   ca.crt: $(b64 "$out/ca.crt")
 EOF
+cat > "$out/client-secret.yaml" <<EOF
+apiVersion: v1
+kind: Secret
+metadata:
+  name: devplugin-scheduler-client
+  namespace: $namespace
+type: kubernetes.io/tls
+data:
+  tls.crt: $(b64 "$out/client.crt")
+  tls.key: $(b64 "$out/client.key")
+EOF
 
 overlay_abs=$(cd "$overlay" && pwd)
 out_abs=$(cd "$out" && pwd)
@@ -80,6 +104,7 @@ kind: Kustomization
 resources:
   - $base
   - secret.yaml
+  - client-secret.yaml
 patches:
 EOF
 for kind in Issuer Certificate; do

@@ -18,6 +18,7 @@ from devplugin.contract import (
 
 MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
 _uids = itertools.count(1)
+USAGE_AFTER_RECORDS = 1 << 62  # later than any record time a test writes
 
 
 def inventory(gpus: int = 4, units: int = 15, mode: str = "core_mem", placement: str = "binpack",
@@ -29,10 +30,11 @@ def inventory(gpus: int = 4, units: int = 15, mode: str = "core_mem", placement:
 
 def node(name: str, gpus: int = 4, units: int = 15, mode: str = "core_mem", placement: str | None = None,
          unhealthy: tuple[int, ...] = (), usage: dict[int, GpuUsage] | None = None, sizes: list[int] | None = None,
-         labels: dict[str, str] | None = None, ip: str = "") -> dict:
+         labels: dict[str, str] | None = None, ip: str = "", usage_time_ns: int = USAGE_AFTER_RECORDS) -> dict:
+    """A Node; `usage` (the daemon's count) is published at `usage_time_ns`: by default after every record."""
     ann = {ANN_NODE_GPUS: inventory(gpus, units, mode, placement or "binpack", unhealthy, sizes, name).render()}
     if usage is not None:
-        ann[ANN_NODE_USAGE] = NodeUsage(usage).render()
+        ann[ANN_NODE_USAGE] = NodeUsage(usage, usage_time_ns).render()
     lab = {LABEL_MODE: mode, **(labels or {})}
     if placement:
         lab[LABEL_PLACEMENT] = placement
@@ -65,3 +67,11 @@ def pod(name: str = "p", mem: int = 0, core: int = 0, count: int = 0, namespace:
     return {"metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{next(_uids)}",
                          "labels": dict(labels or {}), "annotations": dict(annotations or {})},
             "spec": spec, "status": {"phase": phase}}
+
+
+def bind(state: Any, cluster: Any, namespace: str, name: str, uid: str, node: str) -> Any:
+    """kube-scheduler's order: its filter passed `node` for the pod, then it calls bind (which binds nowhere else)."""
+    from devplugin.scheduler import extender
+
+    state.filtered(uid, [node])
+    return extender.bind(state, cluster, namespace, name, uid, node)

@@ -35,14 +35,33 @@ def scheduler_parts(objects: list[dict]) -> tuple[dict, dict, dict]:
     return deployment, service, container
 
 
-def test_one_extender_replica_while_the_service_has_no_leader_election(objects: list[dict]) -> None:
-    # Two replicas behind one Service could both promise the last room of a GPU: the extender's choices live in
-    # its memory until the watch shows them. Leader election would use Leases; the code takes none.
+def test_two_extender_replicas_elect_one_leader_on_a_lease_they_may_write(objects: list[dict]) -> None:
+    # Two replicas, one decider: only the Lease holder binds and is Ready. A rolling update would wait forever for
+    # followers to become Ready, so the strategy is Recreate (the old leader releases the Lease when stopped).
     methods = client_uses(closure(REPO, PROGRAMS["devplugin-scheduler"])).methods
-    assert not any("lease" in m for m in methods), "the scheduler elects a leader now: run two replicas"
-    deployment, _, _ = scheduler_parts(objects)
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # the new one is up first
+    assert "replace_namespaced_lease" in methods
+    deployment, service, container = scheduler_parts(objects)
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect" in container["args"] and "--leader-elect-name=devplugin-scheduler" in container["args"]
+    assert container["env"] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    role = find(objects, "Role", "devplugin-scheduler-leader-election")
+    assert any(r.get("resourceNames") == ["devplugin-scheduler"] and set(r["verbs"]) == {"get", "update"}
+               for r in role["rules"])
+    assert not [o for o in objects if o["kind"] == "Service" and o["spec"].get("type") == "NodePort"]
+
+
+def test_the_extenders_verbs_answer_only_kube_schedulers_client_certificate(objects: list[dict]) -> None:
+    _, _, container = scheduler_parts(objects)
+    assert "--client-ca-file=/etc/devplugin/tls/ca.crt" in container["args"]
+    assert "--allowed-client-names=kube-scheduler" in container["args"]
+    client = find(objects, "Certificate", "devplugin-scheduler-client")
+    assert client["spec"]["commonName"] == "kube-scheduler" and "client auth" in client["spec"]["usages"]
+    serving = find(objects, "Certificate", "devplugin-scheduler")
+    assert client["spec"]["issuerRef"] == serving["spec"]["issuerRef"]  # the CA the service checks callers with
+    for name, config in kube_scheduler_configs(objects).items():
+        tls = config["extenders"][0]["tlsConfig"]
+        assert tls["certFile"] and tls["keyFile"], name
 
 
 def test_the_service_serves_tls_from_the_certificate_for_its_own_dns_name(objects: list[dict]) -> None:
@@ -91,8 +110,7 @@ def kube_scheduler_configs(objects: list[dict]) -> dict[str, dict]:
 
 def test_kube_scheduler_configurations_call_the_extender_for_the_three_resources(objects: list[dict]) -> None:
     _, service, _ = scheduler_parts(objects)
-    nodeport = find(objects, "Service", "devplugin-scheduler-nodeport")["spec"]["ports"][0]["nodePort"]
-    urls = {"default scheduler (host file)": f"https://127.0.0.1:{nodeport}{EXTENDER_PREFIX}",
+    urls = {"default scheduler (host file)": f"https://{service_dns(service)}:443{EXTENDER_PREFIX}",
             "second scheduler": f"https://{service_dns(service)}:443{EXTENDER_PREFIX}"}
     certificate = find(objects, "Certificate", "devplugin-scheduler")
     for name, config in kube_scheduler_configs(objects).items():
@@ -177,7 +195,13 @@ def test_gen_certs_overlay_replaces_cert_manager_with_the_secret_and_the_ca_bund
         for hook in config["webhooks"]:
             assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca, hook["name"]
     # everything else is the overlay's, unchanged
-    others = {(o["kind"], o["metadata"]["name"]) for o in rendered} - {("Secret", secret_name)}
+    client = find(rendered, "Secret", "devplugin-scheduler-client")
+    assert base64.b64decode(client["data"]["tls.crt"]) == (generated / "client.crt").read_bytes()
+    assert openssl("verify", "-CAfile", str(generated / "ca.crt"), str(generated / "client.crt")).strip().endswith("OK")
+    subject = openssl("x509", "-in", str(generated / "client.crt"), "-noout", "-subject").strip()
+    assert subject == "subject=CN = kube-scheduler"
+    others = {(o["kind"], o["metadata"]["name"]) for o in rendered} - {("Secret", secret_name),
+                                                                         ("Secret", "devplugin-scheduler-client")}
     assert others == {(o["kind"], o["metadata"]["name"]) for o in objects
                       if not o["apiVersion"].startswith("cert-manager.io/")}
 

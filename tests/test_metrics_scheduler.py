@@ -58,8 +58,8 @@ def test_extender_calls_bind_outcomes_and_room_per_gpu(http: TestClient) -> None
     assert gpus_of(before, "gpushare_extender_gpu_memory_allocated_units", "n2") == {"0": 0, "1": 20}
     assert gpus_of(before, "gpushare_extender_gpu_core_allocated_percent", "n2") == {"0": 0, "1": 40}
 
-    r = http.post("/scheduler/filter", json={"Pod": pod(mem=20), "NodeNames": ["n1", "n2"]})
-    assert r.json()["NodeNames"] == ["n2"]
+    r = http.post("/scheduler/filter", json={"Pod": pod("p", mem=10, core=30, uid="uid-p"), "NodeNames": ["n1", "n2"]})
+    assert r.json()["NodeNames"] == ["n1", "n2"]
     http.post("/scheduler/prioritize", json={"Pod": pod(mem=20), "NodeNames": ["n1", "n2"]})
     ok = http.post("/scheduler/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p",
                                             "Node": "n1"})
@@ -73,7 +73,7 @@ def test_extender_calls_bind_outcomes_and_room_per_gpu(http: TestClient) -> None
         "filter": 1, "prioritize": 1, "preempt": 0, "bind": 2}
     assert by(m, "gpushare_extender_binds_total", "outcome") == {
         "bound": 1, "failed": 1, "no_apiserver": 0, "error": 0}
-    assert by(m, "gpushare_extender_filter_nodes_total", "result") == {"passed": 1, "failed": 1, "unresolvable": 0}
+    assert by(m, "gpushare_extender_filter_nodes_total", "result") == {"passed": 2, "failed": 0, "unresolvable": 0}
     # the bound pod's choice is assumed until the watch shows it bound, and counted on its GPU meanwhile
     assert [v for _, v in m["gpushare_extender_assumptions"]] == [1]
     n1_mem = gpus_of(m, "gpushare_extender_gpu_memory_allocated_units", "n1")

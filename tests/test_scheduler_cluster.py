@@ -11,11 +11,11 @@ import pytest
 
 from devplugin.contract import ANN_ALIYUN_MEM_IDX, ANN_SCHEDULED, GpuUsage, NodeUsage, parse_assignment
 from devplugin.scheduler.cluster import KubeCluster
-from devplugin.scheduler.extender import BindError, bind, filter_nodes
+from devplugin.scheduler.extender import BindError, filter_nodes
 from devplugin.scheduler.informer import Informer, start_informers
 from devplugin.scheduler.state import ClusterState
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.scheduler_objects import MEM, node
+from tests.scheduler_objects import MEM, bind, node
 
 
 def wait_for(check: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:

@@ -13,14 +13,14 @@ import pytest
 
 from devplugin import contract as c
 from devplugin.scheduler.cluster import KubeCluster
-from devplugin.scheduler.extender import bind, filter_nodes
+from devplugin.scheduler.extender import filter_nodes
 from devplugin.scheduler.informer import start_informers
 from devplugin.scheduler.state import ClusterState
 from devplugin_sim.demo_cluster import NAMESPACE, NODE, DemoCluster
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
-from tests.scheduler_objects import CORE, MEM
+from tests.scheduler_objects import CORE, MEM, bind
 from tests.test_scheduler_cluster import wait_for
 
 

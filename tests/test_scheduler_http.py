@@ -70,6 +70,7 @@ def test_prioritize_is_a_bare_list_of_host_scores(http: TestClient) -> None:
 def test_bind_answers_error_in_the_body(http: TestClient, state: ClusterState) -> None:
     state.upsert_pod(p := pod("x", mem=4))
     uid = p["metadata"]["uid"]
+    assert http.post("/scheduler/filter", json={"Pod": p, "NodeNames": ["n1"]}).json()["NodeNames"] == ["n1"]
     ok = http.post("/scheduler/bind", json={"PodName": "x", "PodNamespace": "default", "PodUID": uid, "Node": "n1"})
     assert ok.status_code == 200 and ok.json() == {"Error": ""}
     again = http.post("/scheduler/bind", json={"PodName": "y", "PodNamespace": "default", "PodUID": "u",
@@ -124,17 +125,17 @@ def test_malformed_bodies_get_400_with_the_reason(http: TestClient, path: str, b
     assert reason in r.json()["error"]
 
 
-def test_oversized_bodies_get_400(http: TestClient) -> None:
+def test_oversized_bodies_get_413(http: TestClient) -> None:
     big = json.dumps({"Pod": pod(), "NodeNames": ["n" * 100] * 1000}).encode()
     r = http.post("/scheduler/filter", content=big)
-    assert r.status_code == 400 and "exceeds the limit of 65536 bytes" in r.json()["error"]
+    assert r.status_code == 413 and "exceeds the limit of 65536 bytes" in r.json()["error"]
 
     def chunks():  # no Content-Length: counted while streaming
         for i in range(0, len(big), 4096):
             yield big[i:i + 4096]
 
     r = http.post("/scheduler/filter", content=chunks())
-    assert r.status_code == 400 and "exceeds the limit" in r.json()["error"]
+    assert r.status_code == 413 and "exceeds the limit" in r.json()["error"]
 
 
 json_values = st.recursive(

@@ -66,16 +66,17 @@ def test_webhooks_fail_closed_where_it_matters_and_spare_kube_system() -> None:
 
 
 def test_deployment_serves_tls_from_the_certificates_secret() -> None:
-    deployment, service, nodeport = docs("deployment.yaml")
+    deployment, service = docs("deployment.yaml")
     spec = deployment["spec"]["template"]["spec"]
     (c,) = spec["containers"]
     assert c["command"] == ["devplugin", "scheduler"]
     assert "--tls-cert-file=/etc/devplugin/tls/tls.crt" in c["args"]
     assert c["readinessProbe"]["httpGet"]["path"] in routes() and c["livenessProbe"]["httpGet"]["path"] in routes()
-    certificate = docs("certificate.yaml")[-1]
+    certificate = next(d for d in docs("certificate.yaml") if d["metadata"]["name"] == "devplugin-scheduler")
     assert spec["volumes"][0]["secret"]["secretName"] == certificate["spec"]["secretName"]
     assert "devplugin-scheduler.kube-system.svc" in certificate["spec"]["dnsNames"]
-    assert nodeport["spec"]["ports"][0]["nodePort"] == 32766
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"  # no NodePort: the verbs are kube-scheduler's
+    assert "--client-ca-file=/etc/devplugin/tls/ca.crt" in c["args"] and "--leader-elect" in c["args"]
     assert spec["serviceAccountName"] == docs("rbac.yaml")[0]["metadata"]["name"]
     rules = docs("rbac.yaml")[1]["rules"]
     assert any("pods/binding" in r["resources"] and r["verbs"] == ["create"] for r in rules)

@@ -19,6 +19,7 @@ import pytest
 from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.scheduler_objects import node, pod
 from tests.test_scheduler_cluster import wait_for
+from tests.tls_certs import make_ca, make_leaf
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 
@@ -60,16 +61,18 @@ def test_https_service_end_to_end_with_certificate_reload(api: FakeApiserver, tm
     first = make_cert(tmp_path, "first")
     shutil.copy(first[0], live / "tls.crt")
     shutil.copy(first[1], live / "tls.key")
+    ca = make_ca(tmp_path, "client-ca")
+    client_cert = make_leaf(tmp_path, ca, "kube-scheduler", "clientAuth")
     port = free_port()
     log = (tmp_path / "log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "devplugin", "scheduler", "--address", "127.0.0.1", "--port", str(port),
          "--tls-cert-file", str(live / "tls.crt"), "--tls-private-key-file", str(live / "tls.key"),
-         "--kubeconfig", api.kubeconfig_path, "--log-format", "json"],
+         "--client-ca-file", str(ca[0]), "--kubeconfig", api.kubeconfig_path, "--log-format", "json"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
     url = f"https://127.0.0.1:{port}"
     try:
-        with httpx.Client(verify=False, timeout=5) as http:
+        with httpx.Client(verify=False, timeout=5, cert=(str(client_cert[0]), str(client_cert[1]))) as http:
             def ready() -> bool:
                 try:
                     return http.get(f"{url}/readyz").status_code == 200

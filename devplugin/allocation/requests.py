@@ -39,7 +39,8 @@ class PodRequestError(ValueError):
 @dataclass(frozen=True)
 class ContainerRequest:
     """One container's asks. `position` is its place in the kubelet's order; `app_index` its index in
-    spec.containers (ACK's container index), -1 for init containers."""
+    spec.containers (ACK's container index), -1 for init containers. `sidecar`: an init container with
+    restartPolicy Always, which runs (and keeps its devices) for the pod's life."""
 
     name: str
     init: bool
@@ -48,6 +49,7 @@ class ContainerRequest:
     mem: int = 0
     core: int = 0
     count: int = 0
+    sidecar: bool = False
 
     @property
     def wants_gpu(self) -> bool:
@@ -115,7 +117,8 @@ def _container(spec: Mapping, position: int, app_index: int, init: bool, domain:
         raw = limits.get(full, requests.get(full, 0))
         amounts.append(quantity(raw, f"container {name!r}: {full}"))
     return ContainerRequest(name=name, init=init, position=position, app_index=app_index,
-                            mem=amounts[0], core=amounts[1], count=amounts[2])
+                            mem=amounts[0], core=amounts[1], count=amounts[2],
+                            sidecar=init and spec.get("restartPolicy") == "Always")
 
 
 def parse_time(text: str | None) -> float:

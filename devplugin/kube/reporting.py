@@ -97,6 +97,7 @@ class ClusterReporter(Reporter):
         self._recorded: dict[str, dict[str, tuple[c.GpuShare, ...]]] = {}  # pod UID -> container -> shares
         self._usage: c.NodeUsage | None = None
         self._usage_due = threading.Event()
+        self._usage_force = False  # a record was written: publish usage (with a later time) even if unchanged
         self._stopping = threading.Event()
         self._holdings: Holdings | None = None
         # runs fn(holdings) under the allocator's lock (Allocator.snapshot); set by whoever builds the allocator
@@ -138,6 +139,10 @@ class ClusterReporter(Reporter):
         if c.ANN_ACK_ALLOCATION in pod.annotations:
             annotations[c.ANN_ACK_ASSIGNED] = "true"
         self.writer.patch_pod_annotations(pod.namespace, pod.name, pod.uid, annotations)
+        # The extender counts the pod in flight until the node's usage is as recent as this record
+        # (devplugin/scheduler/state.py): publish it even when the totals did not change (devices reused).
+        self._usage_force = True
+        self._usage_due.set()
 
     def record_holding(self, pod: PodRequest, holding: Holding, node: Node) -> None:
         if holding.key is None:
@@ -213,7 +218,8 @@ class ClusterReporter(Reporter):
             if holdings is None:
                 continue
             usage = snapshot(lambda h: node_usage(h, self.node)) if snapshot else node_usage(holdings, self.node)
-            if self._usage is not None and dict(usage.gpus) == dict(self._usage.gpus):
+            forced, self._usage_force = self._usage_force, False
+            if not forced and self._usage is not None and dict(usage.gpus) == dict(self._usage.gpus):
                 continue
             self._usage = usage
             self.writer.patch_node_annotations(self.node_name, {c.ANN_NODE_USAGE: usage.render()})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from devplugin.allocation.requests import PodRequestError, check_core, per_gpu_share, pod_request, resource_names
 from devplugin.bounded import RefusedValue, whole_quantity
 from devplugin.contract import (
+    DEFAULT_RESOURCE_DOMAIN,
     ENV_NVIDIA_VISIBLE_DEVICES,
     LABEL_ACK_MULTI_GPU,
     LABEL_VOID_OPT_OUT,
@@ -56,7 +57,8 @@ def _prefix_may_reach_reserved(prefix: str) -> bool:
     return any(n.startswith(prefix) or prefix.startswith(n) for n in RESERVED_ENV_EXACT + RESERVED_ENV_PREFIXES)
 
 
-def env_problems(pod: Mapping, namespace_opted_out: bool = False) -> list[str]:
+def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = DEFAULT_RESOURCE_DOMAIN
+                 ) -> list[str]:
     """Every container (init, app, ephemeral) of any pod that sets an env name the node daemon owns, by `env` or by
     an `envFrom` whose names the webhook cannot read. NVIDIA_VISIBLE_DEVICES=void (or none) grants nothing and is
     allowed on containers that ask for no GPU of ours (the mutating webhook sets it). An `envFrom` is allowed when
@@ -66,7 +68,7 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False) -> list[str]:
     pod_opted_out = opted_out(pod) or namespace_opted_out
     for field_name, i, spec in _containers(pod, CONTAINER_FIELDS):
         where = f"{field_name}[{i}] {str(spec.get('name', ''))!r}"
-        ours = _asks_ours(spec)
+        ours = _asks_ours(spec, domain)
         for e in spec.get("env") or []:
             if not isinstance(e, Mapping):
                 continue
@@ -106,17 +108,18 @@ def validate_update(pod: Mapping, old: Mapping) -> Verdict:
     return Verdict(True)
 
 
-def _asks_ours(spec: Mapping) -> bool:
+def _asks_ours(spec: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> bool:
     res = spec.get("resources") or {}
     keys = list((res.get("limits") or {}).keys()) + list((res.get("requests") or {}).keys())
-    return any(k in resource_names() for k in keys)
+    return any(k in resource_names(domain) for k in keys)
 
 
-def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool = False) -> Verdict:
+def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool = False,
+             domain: str = DEFAULT_RESOURCE_DOMAIN) -> Verdict:
     """Allow or deny a pod; every denial lists each problem with what to change."""
-    env = env_problems(pod, namespace_opted_out)
+    env = env_problems(pod, namespace_opted_out, domain)
     try:
-        req = pod_request(pod)
+        req = pod_request(pod, domain)
     except PodRequestError as exc:
         return Verdict(False, "; ".join([str(exc), *env]), rules=("pod_request",) + (("reserved_env",) if env else ()))
     problems: list[str] = list(env)
@@ -126,7 +129,7 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
         problems.append(problem)
         rules.append(rule)
 
-    names = resource_names()
+    names = resource_names(domain)
     n = req.gpus_per_container
     for _, _, spec in _containers(pod):
         cname = str(spec.get("name", ""))

@@ -62,7 +62,7 @@ def _views(state: ClusterState, pod: PodRequest, names: Sequence[str] | None,
     for obj in nodes or ():
         name = str((obj.get("metadata") or {}).get("name", ""))
         view = state.view(name, pod.uid)
-        out.append((name, view if view is not None else node_entry(obj).view()))
+        out.append((name, view if view is not None else node_entry(obj, state.domain).view()))
     return out
 
 
@@ -74,7 +74,7 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
                  nodes: Sequence[Mapping] | None = None) -> FilterOutcome:
     out = FilterOutcome()
     try:
-        pod = pod_request(pod_obj)
+        pod = pod_request(pod_obj, state.domain)
     except PodRequestError as exc:
         out.unresolvable = dict.fromkeys(_names(names, nodes), str(exc))
         return out
@@ -95,6 +95,7 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
             out.unresolvable[name] = result.reason
         else:
             out.failed[name] = result.reason
+    state.filtered(pod.uid, out.passed)
     return out
 
 
@@ -102,7 +103,7 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
                nodes: Sequence[Mapping] | None = None) -> list[tuple[str, int]]:
     """(node, score 0..10) for every node of the request; nodes the pod does not fit score 0."""
     try:
-        pod = pod_request(pod_obj)
+        pod = pod_request(pod_obj, state.domain)
     except PodRequestError:
         return [(n, MIN_SCORE) for n in _names(names, nodes)]
     views = _views(state, pod, names, nodes)
@@ -117,7 +118,7 @@ def preempt(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, Collect
     them leaves room for the pod on the node's GPUs: evictions that free the node's total but no GPU the pod
     fits on are dropped."""
     try:
-        pod = pod_request(pod_obj)
+        pod = pod_request(pod_obj, state.domain)
     except PodRequestError:
         return {}
     if not pod.gpu_containers:
@@ -143,14 +144,17 @@ def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: 
     if uid and got_uid != uid:
         raise BindError(f"pod {namespace}/{name} has uid {got_uid}, not {uid}: it was deleted and re-created")
     try:
-        pod = pod_request(pod_obj)
+        pod = pod_request(pod_obj, state.domain)
     except PodRequestError as exc:
         raise BindError(f"pod {namespace}/{name}: {exc}") from None
     if pod.node_name:  # an earlier bind whose answer was lost: what it holds stays as the watch shows it
         raise BindError(f"pod {pod.key} is already bound to node {pod.node_name}")
-    if not pod.gpu_containers:
-        _write(cluster, pod, node, None)
-        return PodAssignment(node=node, time_ns=0)
+    if not pod.gpu_containers:  # kube-scheduler sends only pods that ask for a managed resource
+        raise BindError(f"pod {pod.key} asks for no {state.domain} GPU resource; this extender binds only the pods "
+                        "it filtered (kube-scheduler binds the others itself)")
+    if not state.passed_filter(pod.uid, node):
+        raise BindError(f"pod {pod.key} did not pass this extender's filter for node {node} (or that was more than "
+                        f"{state.assume_ttl_s:.0f} s ago); kube-scheduler filters again and retries")
     state.expire()
     with state.node_lock(node):
         view = state.view(node, pod.uid)
@@ -187,7 +191,7 @@ def bind_annotations(pod: PodRequest, view: NodeView, placed: Fit, assignment: P
     return {
         ANN_SCHEDULED: assignment.render(),
         ANN_ALIYUN_MEM_IDX: str(share.index),
-        ANN_ALIYUN_MEM_POD: str(sum(c.mem for c in pod.containers if not c.init)),
+        ANN_ALIYUN_MEM_POD: str(sum(c.mem for c in pod.containers if not c.init or c.sidecar)),
         ANN_ALIYUN_MEM_DEV: str(dev),
         ANN_ALIYUN_ASSIGNED: "false",
         ANN_ALIYUN_ASSUME_TIME: str(assignment.time_ns),

@@ -99,10 +99,11 @@ def reused_by_app(pod: PodRequest) -> dict[str, str]:
     """Init containers whose devices the kubelet hands on to an app container, init name -> app name: the
     kubelet reuses an init container's devices for the next app container, and the node daemon matches them when
     the app container asks for the same amounts. Such an init container holds no room of its own (it has ended
-    before the app container starts) and goes on the app container's GPU."""
+    before the app container starts) and goes on the app container's GPU. Sidecars (restartPolicy Always) keep
+    their devices for the pod's life: they reuse nothing and nothing reuses theirs."""
     apps = [c for c in pod.gpu_containers if not c.init]
     out: dict[str, str] = {}
-    for init in (c for c in pod.gpu_containers if c.init):
+    for init in (c for c in pod.gpu_containers if c.init and not c.sidecar):
         same = next((a for a in apps if (a.mem, a.core, a.count) == (init.mem, init.core, init.count)
                      and a.name not in out.values()), None)
         if same is not None:

@@ -1,6 +1,9 @@
 """The HTTP layer: Starlette routes that parse bodies with the pydantic models and call the plain functions.
 
-Every body that is not JSON of the expected shape, or is larger than the limit, gets 400 and the reason.
+Every body that is not JSON of the expected shape gets 400 and the reason; a body larger than the limit gets 413
+before it is read whole (its Content-Length, else as soon as the stream passes the limit). Parsing, validation and
+the verbs run in the threadpool, so a large body being parsed does not hold up the event loop that answers the
+apiserver's reviews. Only the leader replica answers the extender's verbs (503 elsewhere: kube-scheduler retries).
 """
 
 from __future__ import annotations
@@ -52,9 +55,19 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class BadRequest(Exception):
+    status = 400
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class TooLarge(BadRequest):
+    status = 413
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass
@@ -62,6 +75,8 @@ class Service:
     state: ClusterState
     cluster: Cluster | None
     max_body: int = DEFAULT_MAX_BODY
+    is_leader: Callable[[], bool] = _always  # only the leader decides and binds
+    leader_name: Callable[[], str] = str  # who leads, for followers' answers
     metrics: SchedulerMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,13 +85,13 @@ class Service:
 
 async def _body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise BadRequest(f"body of {length} bytes exceeds the limit of {limit} bytes")
+    if length.isascii() and length.isdigit() and int(length) > limit:
+        raise TooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes (--max-body-bytes)")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise BadRequest(f"body exceeds the limit of {limit} bytes")
+            raise TooLarge(f"body exceeds the limit of {limit} bytes (--max-body-bytes)")
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body.strip():
@@ -99,14 +114,23 @@ def _json(model: BaseModel, status: int = 200) -> Response:
                     media_type="application/json")
 
 
-def _handler(svc: Service, fn: Callable[[Service, bytes], Awaitable[Response]]) -> Callable:
+def _handler(svc: Service, fn: Callable[[Service, bytes], Response], leader_only: bool = False
+             ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         start = time.perf_counter()
+        response: Response
         try:
-            response = await fn(svc, await _body(request, svc.max_body))
+            if leader_only and not svc.is_leader():
+                leader = svc.leader_name() or "none yet"
+                response = JSONResponse(Problem(error=f"this replica is not the leader (leader: {leader}); "
+                                                "retry: the Service routes to the leader").model_dump(),
+                                        status_code=503)
+            else:
+                response = await run_in_threadpool(fn, svc, await _body(request, svc.max_body))
         except BadRequest as exc:
-            log.info("bad request: %s", exc.reason, extra={"fields": {"path": request.url.path}})
-            response = JSONResponse(Problem(error=exc.reason).model_dump(), status_code=400)
+            log.info("bad request: %s", exc.reason, extra={"fields": {"path": request.url.path,
+                                                                      "status": exc.status}})
+            response = JSONResponse(Problem(error=exc.reason).model_dump(), status_code=exc.status)
         except Exception as exc:  # a bug must not take the service down; kube-scheduler sees an error
             log.exception("handler failed", extra={"fields": {"path": request.url.path}})
             response = JSONResponse(Problem(error=f"internal error: {exc}").model_dump(), status_code=500)
@@ -131,7 +155,7 @@ def _nodes(args: ExtenderArgs) -> list[dict] | None:
     return [n.model_dump(by_alias=True, exclude_none=True) for n in args.Nodes.items]
 
 
-async def filter_endpoint(svc: Service, body: bytes) -> Response:
+def filter_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderArgs, body)
     nodes = _nodes(args)
     out = extender.filter_nodes(svc.state, _pod_dict(args.Pod), args.NodeNames, nodes)
@@ -150,14 +174,14 @@ async def filter_endpoint(svc: Service, body: bytes) -> Response:
     return _json(result)
 
 
-async def prioritize_endpoint(svc: Service, body: bytes) -> Response:
+def prioritize_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderArgs, body)
     scores = extender.prioritize(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args))
     # HostPriority's shape, written directly: a model per node costs more than the scoring
     return Response(json.dumps([{"Host": h, "Score": s} for h, s in scores]), media_type="application/json")
 
 
-async def preempt_endpoint(svc: Service, body: bytes) -> Response:
+def preempt_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderPreemptionArgs, body)
     victims: dict[str, list[str]] = {}
     pdb: dict[str, int] = {}
@@ -171,14 +195,13 @@ async def preempt_endpoint(svc: Service, body: bytes) -> Response:
         for node, uids in kept.items()}))
 
 
-async def bind_endpoint(svc: Service, body: bytes) -> Response:
+def bind_endpoint(svc: Service, body: bytes) -> Response:
     args = _parse(ExtenderBindingArgs, body)
     if svc.cluster is None:
         svc.metrics.bind("no_apiserver")
         return _json(ExtenderBindingResult(Error="this service runs without an apiserver; it cannot bind"))
     try:
-        await run_in_threadpool(extender.bind, svc.state, svc.cluster, args.PodNamespace, args.PodName,
-                                args.PodUID, args.Node)
+        extender.bind(svc.state, svc.cluster, args.PodNamespace, args.PodName, args.PodUID, args.Node)
     except BindError as exc:
         svc.metrics.bind("failed")
         log.warning("bind failed: %s", exc, extra={"fields": {"pod": f"{args.PodNamespace}/{args.PodName}",
@@ -201,7 +224,7 @@ def _review(body: bytes) -> tuple[AdmissionReview, dict | None]:
     return review, req.object
 
 
-async def validate_endpoint(svc: Service, body: bytes) -> Response:
+def validate_endpoint(svc: Service, body: bytes) -> Response:
     review, pod = _review(body)
     uid = review.request.uid
     if pod is None or review.request.operation not in ("CREATE", "UPDATE"):
@@ -210,7 +233,7 @@ async def validate_endpoint(svc: Service, body: bytes) -> Response:
     if review.request.operation == "UPDATE":
         verdict = admission.validate_update(pod, review.request.oldObject or {})
     else:
-        verdict = admission.validate(pod, svc.state.largest_gpu_units())
+        verdict = admission.validate(pod, svc.state.largest_gpu_units(), domain=svc.state.domain)
     svc.metrics.review("validate", "allowed" if verdict.allowed else "denied", verdict.rules)
     resp = AdmissionResponse(uid=uid, allowed=verdict.allowed, warnings=list(verdict.warnings) or None)
     if not verdict.allowed:
@@ -221,7 +244,7 @@ async def validate_endpoint(svc: Service, body: bytes) -> Response:
     return _json(AdmissionReviewResponse(response=resp))
 
 
-async def mutate_endpoint(svc: Service, body: bytes) -> Response:
+def mutate_endpoint(svc: Service, body: bytes) -> Response:
     review, pod = _review(body)
     uid = review.request.uid
     resp = AdmissionResponse(uid=uid, allowed=True)
@@ -245,6 +268,8 @@ def build_app(svc: Service) -> Starlette:
                    if not ev.is_set()]
         if missing:
             return PlainTextResponse(f"waiting for the first list of {' and '.join(missing)}", status_code=503)
+        if not svc.is_leader():  # the Service routes kube-scheduler and the apiserver to the leader alone
+            return PlainTextResponse(f"not the leader (leader: {svc.leader_name() or 'none yet'})", status_code=503)
         return PlainTextResponse("ok")
 
     doc = openapi_document()
@@ -256,10 +281,10 @@ def build_app(svc: Service) -> Starlette:
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     routes = [
-        Route(f"{EXTENDER_PREFIX}/filter", _handler(svc, filter_endpoint), methods=["POST"]),
-        Route(f"{EXTENDER_PREFIX}/prioritize", _handler(svc, prioritize_endpoint), methods=["POST"]),
-        Route(f"{EXTENDER_PREFIX}/preempt", _handler(svc, preempt_endpoint), methods=["POST"]),
-        Route(f"{EXTENDER_PREFIX}/bind", _handler(svc, bind_endpoint), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/filter", _handler(svc, filter_endpoint, True), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/prioritize", _handler(svc, prioritize_endpoint, True), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/preempt", _handler(svc, preempt_endpoint, True), methods=["POST"]),
+        Route(f"{EXTENDER_PREFIX}/bind", _handler(svc, bind_endpoint, True), methods=["POST"]),
         Route("/admission/validate", _handler(svc, validate_endpoint), methods=["POST"]),
         Route("/admission/mutate", _handler(svc, mutate_endpoint), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

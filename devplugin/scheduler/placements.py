@@ -1,4 +1,9 @@
-"""Which GPUs a pod holds, read from its annotations (ours first, then ACK's and Alibaba's).
+"""Which GPUs a pod holds, read from its annotations (ours first, then ACK's and Alibaba's): steering only.
+
+A pod's annotations can say which GPUs its own containers are on, never how much they take: `bounded` keeps, for
+each GPU container of the pod, at most as many GPUs as it asks for and gives each the amounts of its own request
+(whole GPUs for gpu-count). A pod that asks for no GPU holds nothing whatever its annotations say; a negative or
+oversized amount cannot cancel or block room.
 
 Each container counts from ANN_ALLOCATED (what the node daemon placed) once that record names it; until then
 from the scheduler's choice: ANN_SCHEDULED (the extender's), ACK's `scheduler.framework.gpushare.allocation`
@@ -13,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from devplugin.allocation.requests import PodRequest
+from devplugin.allocation.requests import PodRequest, PodRequestError, per_gpu_share
 from devplugin.contract import (
     ANN_ACK_ALLOCATION,
     ANN_ACK_CORE_ALLOCATION,
@@ -38,10 +43,10 @@ def pod_holding(pod: PodRequest) -> tuple[str, Holding] | None:
     allocated = _assignment(pod, ANN_ALLOCATED)
     choice = _choice(pod)
     if allocated is None:
-        return (choice[0], counted(pod, choice[1])) if choice is not None else None
+        return (choice[0], counted(pod, bounded(pod, choice[1]))) if choice is not None else None
     if choice is None or not set(choice[1]) - set(allocated):
-        return ANN_ALLOCATED, counted(pod, allocated)
-    return choice[0], counted(pod, {**choice[1], **allocated})
+        return ANN_ALLOCATED, counted(pod, bounded(pod, allocated))
+    return choice[0], counted(pod, bounded(pod, {**choice[1], **allocated}))
 
 
 def _assignment(pod: PodRequest, key: str) -> Holding | None:
@@ -93,10 +98,35 @@ def _ack_holding(pod: PodRequest) -> dict[str, tuple[GpuShare, ...]]:
     return held
 
 
+def bounded(pod: PodRequest, held: Holding) -> Holding:
+    """`held` as the pod's own request allows: per GPU container, the first GPUs named (as many as it asks for),
+    each with the container's per-GPU amounts; containers that ask for no GPU, and unknown names, hold nothing."""
+    out: dict[str, tuple[GpuShare, ...]] = {}
+    for name, shares in held.items():
+        c = pod.container(name)
+        if c is None or not (c.mem or c.core or c.count):
+            continue
+        seen: dict[int, str] = {}
+        for s in shares:
+            if s.index >= 0 and s.index not in seen:
+                seen[s.index] = s.uuid
+        if c.count:
+            picked = list(seen.items())[: c.count]
+            out[name] = tuple(GpuShare(i, u, 0, 0, whole=True) for i, u in picked)
+            continue
+        try:
+            mem, core = per_gpu_share(c, pod.gpus_per_container)
+        except PodRequestError:
+            continue
+        out[name] = tuple(GpuShare(i, u, mem, core) for i, u in list(seen.items())[: pod.gpus_per_container])
+    return out
+
+
 def counted(pod: PodRequest, held: Holding) -> Holding:
-    """What of `held` takes room: init containers only while the pod is Pending, and not those whose devices an
-    app container reuses (the same GPUs and amounts as an app container's: they are one holding, not two)."""
-    init = {c.name for c in pod.containers if c.init}
+    """What of `held` takes room: sidecars (init containers with restartPolicy Always) for the pod's life like app
+    containers; other init containers only while the pod is Pending, and not those whose devices an app container
+    reuses (the same GPUs and amounts as an app container's: they are one holding, not two)."""
+    init = {c.name for c in pod.containers if c.init and not c.sidecar}
     if not init:
         return held
     if pod.phase != "Pending":

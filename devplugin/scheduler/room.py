@@ -59,9 +59,9 @@ class GpuRoom:
 def node_room(inventory: NodeInventory, holdings: Iterable[Mapping[str, tuple[GpuShare, ...]]],
               usage: NodeUsage | None = None,
               removed: Iterable[Mapping[str, tuple[GpuShare, ...]]] = ()) -> tuple[GpuRoom, ...]:
-    """Per-GPU room: the inventory, minus every share in `holdings` (one mapping per pod: container -> shares),
-    then at least what the node daemon says is in use (pods placed without annotations), less the shares of the
-    pods in `removed` (pods left out of this view: the daemon's count still has them)."""
+    """Per-GPU room: the inventory, minus every share in `holdings` (one mapping per pod: container -> shares: the
+    pods the node daemon's `usage` does not count yet, or every pod when the node publishes no usage), minus the
+    daemon's usage less the shares of the pods in `removed` (pods left out of this view that the usage counts)."""
     rooms = {g.index: GpuRoom(g.index, g.uuid, g.mem_units, g.healthy) for g in inventory.gpus}
     for pod in holdings:
         for shares in pod.values():
@@ -81,9 +81,9 @@ def node_room(inventory: NodeInventory, holdings: Iterable[Mapping[str, tuple[Gp
             if room is None:
                 continue
             minus = gone[index]
-            room.mem_used = max(room.mem_used, used.mem - minus.mem_used)
-            room.core_used = max(room.core_used, used.core - minus.core_used)
-            room.containers = max(room.containers, used.containers - minus.containers)
+            room.mem_used += max(used.mem - minus.mem_used, 0)
+            room.core_used += max(used.core - minus.core_used, 0)
+            room.containers += max(used.containers - minus.containers, 0)
             room.whole = room.whole or (used.whole and not minus.whole)
     return tuple(rooms[i] for i in sorted(rooms))
 

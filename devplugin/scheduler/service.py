@@ -8,13 +8,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from devplugin.app import logs
 from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "DEVPLUGIN_SCHEDULER_"
-DEFAULT_MAX_BODY = 32 << 20  # a full NodeList from cluster-autoscaler's simulation can be large
+# The largest body either caller sends (docs/scheduler.md, "Request sizes"; bench/request_sizes.py): an
+# AdmissionReview of an UPDATE carries the pod twice, each under the apiserver's 1.5 MiB object limit (about 3.1 MiB
+# in all); kube-scheduler's filter for 5,000 nodes with nodeCacheCapable sends names only (about 0.2 MiB) and a pod.
+DEFAULT_MAX_BODY = 4 << 20
+DEFAULT_ALLOWED_CLIENTS = "kube-scheduler"
 
 
 def _env(name: str, default: str) -> str:
@@ -28,14 +34,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert-file", default=_env("tls-cert-file", ""),
                    help="PEM certificate served (reloaded when the file changes)")
     p.add_argument("--tls-private-key-file", default=_env("tls-private-key-file", ""), help="its PEM private key")
+    p.add_argument("--client-ca-file", default=_env("client-ca-file", ""),
+                   help="PEM CA that signs kube-scheduler's client certificate; the extender's verbs (/scheduler/...) "
+                        "answer only clients that present one it signed naming an --allowed-client-names entry")
+    p.add_argument("--allowed-client-names", default=_env("allowed-client-names", DEFAULT_ALLOWED_CLIENTS),
+                   help="comma-separated names (certificate CN or DNS SAN) allowed to call the extender's verbs")
     p.add_argument("--plain-http", action="store_true", default=_env("plain-http", "") == "true",
-                   help="serve plain HTTP (local trials only: the apiserver calls webhooks over HTTPS)")
+                   help="serve plain HTTP with no caller check (local trials only: the apiserver calls webhooks "
+                        "over HTTPS)")
+    p.add_argument("--resource-domain", default=_env("resource-domain", "aliyun.com"),
+                   help="domain of the resource names pods ask for (<domain>/gpu-mem ...), as the node daemons'")
+    p.add_argument("--leader-elect", action="store_true", default=_env("leader-elect", "") == "true",
+                   help="run several replicas: only the holder of the Lease decides, binds and is ready")
+    p.add_argument("--leader-elect-namespace", default=_env("leader-elect-namespace", "kube-system"))
+    p.add_argument("--leader-elect-name", default=_env("leader-elect-name", "devplugin-scheduler"),
+                   help="the coordination.k8s.io Lease")
+    p.add_argument("--leader-elect-identity", default=_env("leader-elect-identity", os.environ.get("POD_NAME", "")),
+                   help="this replica's name in the Lease (default: $POD_NAME)")
+    p.add_argument("--leader-elect-lease", type=float, default=float(_env("leader-elect-lease", "3")),
+                   help="seconds a leader that stopped renewing keeps the Lease")
+    p.add_argument("--leader-elect-renew-deadline", type=float,
+                   default=float(_env("leader-elect-renew-deadline", "2")),
+                   help="seconds a leader that cannot renew keeps leading (less than the lease)")
+    p.add_argument("--leader-elect-retry", type=float, default=float(_env("leader-elect-retry", "0.5")),
+                   help="seconds between tries to take or renew the Lease")
     p.add_argument("--kubeconfig", default=_env("kubeconfig", ""),
                    help="kubeconfig (empty: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
     p.add_argument("--assume-ttl", type=float, default=float(_env("assume-ttl", str(DEFAULT_ASSUME_TTL_S))),
                    help="seconds a GPU choice is held for a pod the watch has not yet shown bound")
     p.add_argument("--max-body-bytes", type=int, default=int(_env("max-body-bytes", str(DEFAULT_MAX_BODY))),
-                   help="larger request bodies get 400")
+                   help="larger request bodies get 413 before they are read whole")
     p.add_argument("--log-level", default=_env("log-level", "INFO"),
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--log-format", default=_env("log-format", "json"), choices=("text", "json"))
@@ -46,9 +74,22 @@ def check_arguments(args: argparse.Namespace) -> str:
     if not args.plain_http and not (args.tls_cert_file and args.tls_private_key_file):
         return ("--tls-cert-file and --tls-private-key-file are required (the apiserver and kube-scheduler call "
                 "over HTTPS); --plain-http serves without TLS for local trials")
-    for flag, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-private-key-file", args.tls_private_key_file)):
+    if not [n for n in args.allowed_client_names.split(",") if n.strip()]:
+        return "--allowed-client-names is empty: name kube-scheduler's certificate (its CN or a DNS SAN)"
+    if not args.resource_domain or "/" in args.resource_domain:
+        return f"--resource-domain {args.resource_domain!r} must be a DNS domain like aliyun.com"
+    if args.leader_elect and not args.leader_elect_identity:
+        return "--leader-elect needs --leader-elect-identity (default $POD_NAME from the downward API)"
+    periods = (args.leader_elect_lease, args.leader_elect_renew_deadline, args.leader_elect_retry)
+    if args.leader_elect and not periods[0] > periods[1] > periods[2] > 0:
+        return "--leader-elect-lease > --leader-elect-renew-deadline > --leader-elect-retry > 0 is required"
+    for flag, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-private-key-file", args.tls_private_key_file),
+                       ("--client-ca-file", args.client_ca_file)):
         if path and not os.path.isfile(path):
             return f"{flag} {path}: no such file"
+    if not args.plain_http and not args.client_ca_file:
+        return ("--client-ca-file is required: the extender's verbs answer only kube-scheduler, by the client "
+                "certificate its KubeSchedulerConfiguration presents (--plain-http serves local trials unchecked)")
     if not 0 < args.port < 65536:
         return f"--port {args.port}: must be 1..65535"
     if args.assume_ttl <= 0 or args.max_body_bytes <= 0:
@@ -74,6 +115,30 @@ def freeze_long_lived(state: ClusterState, frozen_at: float, now: float | None =
     return now
 
 
+def server_config(app: Any, host: str, port: int, cert_file: str = "", key_file: str = "", client_ca_file: str = "",
+                  allowed_clients: Sequence[str] = (DEFAULT_ALLOWED_CLIENTS,)) -> Any:
+    """A loaded uvicorn.Config serving `app`: over TLS when cert_file is given, asking every client for a certificate
+    signed by client_ca_file, with the extender's verbs open only to `allowed_clients` (devplugin.scheduler.auth).
+    Without cert_file: plain HTTP, no caller check (local trials)."""
+    import ssl
+
+    import uvicorn
+
+    from devplugin.scheduler.auth import ExtenderAuth, PeerNames, noting_peers
+
+    tls: dict[str, Any] = {}
+    peers = PeerNames()
+    if cert_file:
+        tls = {"ssl_certfile": cert_file, "ssl_keyfile": key_file, "ssl_ca_certs": client_ca_file or None,
+               "ssl_cert_reqs": ssl.CERT_OPTIONAL if client_ca_file else ssl.CERT_NONE}
+        app = ExtenderAuth(app, peers, [n.strip() for n in allowed_clients if n.strip()])
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off", **tls)
+    config.load()
+    if cert_file:
+        config.http_protocol_class = noting_peers(config.http_protocol_class, peers)
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -81,10 +146,11 @@ def run(args: argparse.Namespace) -> int:
     from devplugin.scheduler.cluster import KubeCluster
     from devplugin.scheduler.http import Service, build_app
     from devplugin.scheduler.informer import start_informers
+    from devplugin.scheduler.leader import LeaderElector
     from devplugin.scheduler.tls import CertReloader
 
     logs.setup(args.log_level, args.log_format)
-    state = ClusterState(assume_ttl_s=args.assume_ttl)
+    state = ClusterState(assume_ttl_s=args.assume_ttl, domain=args.resource_domain)
     try:
         client = load_api_client(args.kubeconfig)
     except KubeConfigError as exc:
@@ -92,10 +158,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     informers = start_informers(client, state)
     svc = Service(state, KubeCluster(client), max_body=args.max_body_bytes)
-    tls = {} if args.plain_http else {"ssl_certfile": args.tls_cert_file, "ssl_keyfile": args.tls_private_key_file}
-    config = uvicorn.Config(build_app(svc), host=args.address, port=args.port, log_config=None, access_log=False,
-                            lifespan="off", **tls)
-    config.load()
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(client, args.leader_elect_namespace, args.leader_elect_name,
+                                args.leader_elect_identity, args.leader_elect_lease,
+                                args.leader_elect_renew_deadline, args.leader_elect_retry)
+        svc.is_leader, svc.leader_name = elector.is_leader, elector.leader
+    config = server_config(build_app(svc), args.address, args.port,
+                           "" if args.plain_http else args.tls_cert_file,
+                           "" if args.plain_http else args.tls_private_key_file,
+                           "" if args.plain_http else args.client_ca_file,
+                           args.allowed_client_names.split(","))
     reloader = None
     if config.ssl is not None:
         reloader = CertReloader(config.ssl, args.tls_cert_file, args.tls_private_key_file).start()
@@ -108,12 +181,17 @@ def run(args: argparse.Namespace) -> int:
             frozen_at = freeze_long_lived(state, frozen_at)
 
     threading.Thread(target=housekeeping, name="housekeeping", daemon=True).start()
+    if elector is not None:
+        elector.start()
     log.info("scheduler extender and webhooks listening",
-             extra={"fields": {"address": args.address, "port": args.port, "tls": not args.plain_http}})
+             extra={"fields": {"address": args.address, "port": args.port, "tls": not args.plain_http,
+                               "client_ca": args.client_ca_file, "leader_elect": args.leader_elect}})
     try:
         uvicorn.Server(config).run()
     finally:
         stop.set()
+        if elector is not None:
+            elector.stop(release=True)  # the next replica takes over at its next try
         if reloader:
             reloader.stop()
         for inf in informers:

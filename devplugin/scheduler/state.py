@@ -1,6 +1,13 @@
 """The extender's view of the cluster: nodes (inventory, usage, labels), the GPUs each pod holds, and the
 extender's own assumptions (bound by it but not yet seen bound in the watch).
 
+Who is believed (docs/security.md): the node daemon is the authority for its node. A node's room is the daemon's
+published usage (gpushare.io/gpu-usage) plus the pods in flight: bound (by this extender, or seen bound with a GPU
+choice) but not yet in that usage, i.e. without the daemon's record (gpushare.io/allocated) of a time the usage has
+reached. A pod in flight is counted from its own request at the GPUs its choice names (placements.bounded): a pod's
+annotations steer that pod and nothing else. A node without a usage annotation (an older daemon) counts every bound
+GPU pod that way.
+
 Fed by the informers (or directly by tests); rebuilt from the apiserver alone on restart, since every fact
 here is an annotation or a label. Thread-safe: one lock guards the maps (short sections); `node_lock(name)`
 serialises bind decisions per node so different nodes proceed in parallel.
@@ -16,14 +23,17 @@ from dataclasses import dataclass, field
 
 from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
 from devplugin.contract import (
+    ANN_ALLOCATED,
     ANN_NODE_GPUS,
     ANN_NODE_USAGE,
+    DEFAULT_RESOURCE_DOMAIN,
     LABEL_PLACEMENT,
     MODES,
     PLACEMENTS,
     AnnotationError,
     NodeInventory,
     NodeUsage,
+    parse_assignment,
     parse_inventory,
     parse_usage,
 )
@@ -49,6 +59,7 @@ class Held:
     assumed: bool = False
     expires: float = 0.0  # clock time after which an unbound assumption is dropped
     bound: bool = False  # our Binding was created; the watch has not shown the pod bound yet
+    recorded_ns: int = 0  # the time of the node daemon's record of the pod (0: none yet)
 
 
 @dataclass
@@ -63,21 +74,39 @@ class NodeEntry:
     held: dict[str, Held] = field(default_factory=dict)
     cached: NodeView | None = None  # the view with every pod counted; None when stale
 
+    def shown(self, held: Held) -> bool:
+        """The daemon's published usage already counts this pod."""
+        return self.usage is not None and 0 < held.recorded_ns <= self.usage.time_ns
+
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
         out = {without} if isinstance(without, str) else set(without)
         if out & self.held.keys() and self.inventory is not None:
-            rooms = node_room(self.inventory, (h.shares for u, h in self.held.items() if u not in out), self.usage,
-                              (h.shares for u, h in self.held.items() if u in out))
+            rooms = node_room(self.inventory,
+                              (h.shares for u, h in self.held.items() if u not in out and not self.shown(h)),
+                              self.usage, (h.shares for u, h in self.held.items() if u in out and self.shown(h)))
             return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
         if self.cached is None:
             rooms = () if self.inventory is None else node_room(
-                self.inventory, (h.shares for h in self.held.values()), self.usage)
+                self.inventory, (h.shares for h in self.held.values() if not self.shown(h)), self.usage)
             self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
         return self.cached
 
 
-def node_entry(obj: Mapping) -> NodeEntry:
+def recorded_ns(pod: PodRequest) -> int:
+    """The time of the node daemon's record of the pod (gpushare.io/allocated) for the node it is bound to; 0 when
+    there is none. A forged record only makes the pod's own room uncounted until the daemon admits it."""
+    raw = pod.annotations.get(ANN_ALLOCATED)
+    if not raw:
+        return 0
+    try:
+        record = parse_assignment(raw, ANN_ALLOCATED)
+    except AnnotationError:
+        return 0
+    return max(int(record.time_ns), 0) if record.node in ("", pod.node_name) else 0
+
+
+def node_entry(obj: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> NodeEntry:
     """A node (apiserver JSON) as the extender sees it; `problem` says why it cannot take GPU pods."""
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -93,6 +122,10 @@ def node_entry(obj: Mapping) -> NodeEntry:
         inv = parse_inventory(raw)
     except AnnotationError as exc:
         entry.problem = f"{exc}; the node daemon must republish it"
+        return entry
+    if inv.domain != domain:
+        entry.problem = (f"node serves {inv.domain}/gpu-mem (its daemon's --resource-domain), this extender schedules "
+                         f"{domain}/gpu-mem; run both with the same --resource-domain")
         return entry
     label_mode = mode_from_labels(dict(labels))
     # The daemon serves what it published; a label that turns compute shares off wins at once.
@@ -114,8 +147,9 @@ def node_entry(obj: Mapping) -> NodeEntry:
 
 class ClusterState:
     def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 assume_ttl_s: float = DEFAULT_ASSUME_TTL_S) -> None:
+                 assume_ttl_s: float = DEFAULT_ASSUME_TTL_S, domain: str = DEFAULT_RESOURCE_DOMAIN) -> None:
         self.clock = clock
+        self.domain = domain
         self.assume_ttl_s = assume_ttl_s
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeEntry] = {}
@@ -124,12 +158,13 @@ class ClusterState:
         self._pods: dict[str, dict] = {}  # "ns/name" -> pod JSON, GPU pods only
         self._node_locks: dict[str, threading.Lock] = {}
         self._largest = 0
+        self._filtered: dict[str, tuple[float, frozenset[str]]] = {}  # pod uid -> (when, nodes its filter passed)
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
 
     # ------------------------------------------------------------------ nodes
     def upsert_node(self, obj: Mapping) -> None:
-        entry = node_entry(obj)
+        entry = node_entry(obj, self.domain)
         if not entry.name:
             return
         with self._lock:
@@ -188,26 +223,33 @@ class ClusterState:
     # ------------------------------------------------------------------ pods
     def upsert_pod(self, obj: Mapping) -> None:
         try:
-            pod = pod_request(obj)
+            pod = pod_request(obj, self.domain)
         except PodRequestError as exc:
             log.debug("pod skipped: %s", exc)
             return
-        held = pod_holding(pod) if pod.node_name and not pod.finished else None
+        gpu = bool(pod.gpu_containers) and not pod.finished
+        held = pod_holding(pod) if gpu and pod.node_name else None
+        recorded = recorded_ns(pod) if held is not None else 0
         with self._lock:
-            if pod.gpu_containers and not pod.finished:
+            if gpu:
                 self._pods[pod.key] = dict(obj)
             else:
                 self._pods.pop(pod.key, None)
             old = self._held.get(pod.uid)
-            if pod.finished:
-                self._drop(pod.uid)
+            if not gpu:
+                self._drop(pod.uid)  # ended, or asks for no GPU: holds nothing whatever its annotations say
+            elif old is not None and old.assumed and pod.node_name == old.node:
+                # our own choice, now seen bound: keep it (the daemon's record, once its usage shows it, ends it)
+                self._assumed.pop(pod.uid, None)
+                old.assumed, old.bound = False, True
+                old.recorded_ns = recorded
+                if held is not None and held[0] == ANN_ALLOCATED:
+                    old.shares, old.source = held[1], held[0]
+                self._touch(old)
             elif held is not None:
-                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1], held[0]))
+                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1], held[0], recorded_ns=recorded))
             elif old is not None and pod.node_name and not old.assumed:
                 self._drop(pod.uid)  # its annotations are gone
-            elif old is not None and old.assumed and pod.node_name:
-                old.assumed, old.bound = False, True  # bound, placed without readable annotations: keep ours
-                self._assumed.pop(pod.uid, None)
 
     def delete_pod(self, obj: Mapping) -> None:
         meta = obj.get("metadata") or {}
@@ -239,6 +281,21 @@ class ClusterState:
         with self._lock:
             entry = self._nodes.get(node)
             return list(entry.held.values()) if entry else []
+
+    # ------------------------------------------------------------------ filter answers bind relies on
+    def filtered(self, uid: str, passed: Iterable[str]) -> None:
+        """Remember which nodes a pod's latest filter passed: bind binds only there (within the assume TTL)."""
+        now = self.clock()
+        with self._lock:
+            if len(self._filtered) > 4096:  # pods filtered and never bound (another profile, deleted): forget
+                for u in [u for u, (t, _) in self._filtered.items() if now - t > self.assume_ttl_s]:
+                    del self._filtered[u]
+            self._filtered[uid] = (now, frozenset(passed))
+
+    def passed_filter(self, uid: str, node: str) -> bool:
+        with self._lock:
+            when, nodes = self._filtered.get(uid, (float("-inf"), frozenset()))
+        return node in nodes and self.clock() - when <= self.assume_ttl_s
 
     # ------------------------------------------------------------------ assumptions
     def assume(self, pod: PodRequest, node: str, shares: Holding) -> Held:
@@ -291,6 +348,11 @@ class ClusterState:
             entry = self._nodes[held.node] = NodeEntry(held.node, problem="node not seen yet")
         entry.held[held.uid] = held
         entry.cached = None
+
+    def _touch(self, held: Held) -> None:
+        entry = self._nodes.get(held.node)
+        if entry is not None:
+            entry.cached = None
 
     def _drop(self, uid: str) -> None:
         self._assumed.pop(uid, None)
