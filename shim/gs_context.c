@@ -4,6 +4,7 @@
 #include "gs_log.h"
 #include "gs_shim.h"
 #include "gs_throttle.h"
+#include "gs_context.h"
 
 GS_EXPORT CUresult cuInit(unsigned int flags)
 {
@@ -17,25 +18,6 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
         return CUDA_ERROR_NOT_PERMITTED;
     return rc;
 }
-
-#define GS_CONTEXT_HOOK(name, dev, call)                   \
-    do {                                                   \
-        GS_ENTER_OR_RETURN(name);                          \
-        int charged_ = 0;                                  \
-        CUresult rc_;                                      \
-        if (gs_devices_ready()) {                          \
-            rc_ = gs_ctx_charge((dev), &charged_);         \
-            if (rc_)                                       \
-                return rc_;                                \
-        }                                                  \
-        struct gs_pidmap_scope map_;                       \
-        gs_throttle_context_begin(&map_, (dev));           \
-        rc_ = (call);                                      \
-        gs_throttle_context_end(&map_, rc_);               \
-        if (rc_ != CUDA_SUCCESS && charged_)               \
-            gs_ctx_uncharge(dev);                          \
-        return rc_;                                        \
-    } while (0)
 
 GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {

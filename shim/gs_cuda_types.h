@@ -44,6 +44,7 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef void (*CUhostFn)(void *userData);
 typedef struct CUmemAccessDesc_st CUmemAccessDesc;
 typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
 
 typedef struct CUuuid_st {

@@ -4,16 +4,20 @@
  * (cuMemGetInfo), rounded to the granularity, measured with this process's other loads held back. A load that
  * does not fit is unloaded and answered out of memory; cuModuleUnload gives the charge back.
  * Measured across the whole GPU, the figure includes what other processes allocated or freed during the load:
- * it can err either way by that much. Libraries loaded with cuLibraryLoad* (lazy loading) are not measured. */
+ * it can err either way by that much. Libraries (cuLibraryLoadData, cuLibraryLoadFromFile: how CUDA 12/13
+ * runtimes load every image a program registers, and how PyTorch loads its own) are measured the same way, and
+ * cuLibraryUnload gives their charge back. */
 #include "gs_alloc.h"
 
 static struct gs_ptrmap gs_modules = GS_PTRMAP_INIT;
+static struct gs_ptrmap gs_libraries = GS_PTRMAP_INIT;
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void child_after_fork(void)
 {
     pthread_mutex_init(&load_lock, NULL);
     gs_ptrmap_reset(&gs_modules);
+    gs_ptrmap_reset(&gs_libraries);
 }
 GS_ON_FORK_CHILD(child_after_fork)
 
@@ -25,7 +29,10 @@ static uint64_t free_now(void)
     return free_b;
 }
 
-#define GS_MODULE_LOAD(call, mod)                                                          \
+#define GS_MODULE_LOAD(call, mod) GS_IMAGE_LOAD(call, mod, gs_cu.cuModuleUnload, gs_modules)
+#define GS_LIBRARY_LOAD(call, lib) GS_IMAGE_LOAD(call, lib, gs_cu.cuLibraryUnload, gs_libraries)
+
+#define GS_IMAGE_LOAD(call, mod, unload, map)                                              \
     do {                                                                                   \
         int d_;                                                                            \
         GS_ALLOC_TARGET(d_, (mod), (call));                                                \
@@ -47,10 +54,10 @@ static uint64_t free_now(void)
             return rc_;                                                                    \
         rc_ = gs_alloc_begin(d_, charge_, &tracked_);                                      \
         if (rc_ == CUDA_SUCCESS)                                                           \
-            rc_ = gs_alloc_end(CUDA_SUCCESS, tracked_, d_, charge_, &gs_modules,           \
+            rc_ = gs_alloc_end(CUDA_SUCCESS, tracked_, d_, charge_, &(map),                \
                                (uintptr_t) * (mod));                                       \
         if (rc_ != CUDA_SUCCESS) {                                                         \
-            gs_cu.cuModuleUnload(*(mod));                                                  \
+            unload(*(mod));                                                                \
             *(mod) = NULL;                                                                 \
         }                                                                                  \
         return rc_;                                                                        \
@@ -91,4 +98,33 @@ GS_EXPORT CUresult cuModuleUnload(CUmodule mod)
 {
     GS_ENTER_OR_RETURN(cuModuleUnload);
     GS_UNTRACK(&gs_modules, (uintptr_t)mod, gs_cu.cuModuleUnload(mod));
+}
+
+#define GS_LIBRARY_ENTER(name)               \
+    do {                                     \
+        GS_ENTER_OR_RETURN(name);            \
+        if (!gs_cu.cuLibraryUnload)          \
+            return CUDA_ERROR_NOT_SUPPORTED; \
+    } while (0)
+
+GS_EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jit_options, void **jit_values,
+                                     unsigned n_jit, void *lib_options, void **lib_values, unsigned n_lib)
+{
+    GS_LIBRARY_ENTER(cuLibraryLoadData);
+    GS_LIBRARY_LOAD(gs_cu.cuLibraryLoadData(lib, code, jit_options, jit_values, n_jit, lib_options, lib_values,
+                                            n_lib), lib);
+}
+
+GS_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, void *jit_options, void **jit_values,
+                                         unsigned n_jit, void *lib_options, void **lib_values, unsigned n_lib)
+{
+    GS_LIBRARY_ENTER(cuLibraryLoadFromFile);
+    GS_LIBRARY_LOAD(gs_cu.cuLibraryLoadFromFile(lib, path, jit_options, jit_values, n_jit, lib_options, lib_values,
+                                                n_lib), lib);
+}
+
+GS_EXPORT CUresult cuLibraryUnload(CUlibrary lib)
+{
+    GS_ENTER_OR_RETURN(cuLibraryUnload);
+    GS_UNTRACK(&gs_libraries, (uintptr_t)lib, gs_cu.cuLibraryUnload(lib));
 }

@@ -6,7 +6,7 @@
  *     by address, so a _ptsz request reaches the driver's _ptsz entry point through its own hook.
  * An allocation entry point the shim does not account (a newer version, an old one it does not hook) is refused
  * at lookup, with a message naming it: memory never escapes the limit through a door the shim does not know.
- * cuGetExportTable is never intercepted. dlsym itself is in gs_dlsym.c. */
+ * cuGetExportTable is hooked for one slot of one table (gs_export.c). dlsym itself is in gs_dlsym.c. */
 #include <string.h>
 
 #include "gs_hooks.h"
@@ -39,12 +39,12 @@ static const char *const allocation_bases[] = {
     "cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync",
     "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMipmappedArrayCreate", "cuIpcOpenMemHandle",
     "cuGraphAddMemAllocNode", "cuGraphAddNode", "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
-    "cuModuleLoadFatBinary", NULL};
+    "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryLoadFromFile", NULL};
 /* Other entry points the shim must see; an unknown variant of one of these is passed on with a warning. */
 static const char *const hooked_bases[] = {
-    "cuInit", "cuGetProcAddress", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuMemFree", "cuMemFreeAsync",
+    "cuInit", "cuGetProcAddress", "cuGetExportTable", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuMemFree", "cuMemFreeAsync",
     "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemRelease", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayDestroy",
-    "cuMipmappedArrayDestroy", "cuIpcCloseMemHandle", "cuModuleUnload", "cuLaunchKernel",
+    "cuMipmappedArrayDestroy", "cuIpcCloseMemHandle", "cuModuleUnload", "cuLibraryUnload", "cuLaunchKernel",
     "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", NULL};
 /* Names that start like an allocation base but take no device memory. */
 static const char *const not_device_memory[] = {"cuMemAllocHost", NULL};

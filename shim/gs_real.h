@@ -20,6 +20,7 @@
     X(cuGetProcAddress_v2,                                                                                      \
       (const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status)) \
     X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                                               \
+    X(cuGetExportTable, (const void **table, const CUuuid *id))                                                 \
     X(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev))                                     \
     X(cuCtxCreate_v3, (CUcontext * pctx, CUexecAffinityParam * params, int n, unsigned int flags, CUdevice dev)) \
     X(cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams * params, unsigned int flags, CUdevice dev))         \
@@ -42,6 +43,11 @@
     X(cuModuleLoadDataEx, (CUmodule * mod, const void *image, unsigned int n, int *options, void **values))     \
     X(cuModuleLoadFatBinary, (CUmodule * mod, const void *fatbin))                                              \
     X(cuModuleUnload, (CUmodule mod))                                                                           \
+    X(cuLibraryLoadData, (CUlibrary * lib, const void *code, void *jit_options, void **jit_values,              \
+                          unsigned n_jit, void *lib_options, void **lib_values, unsigned n_lib))                \
+    X(cuLibraryLoadFromFile, (CUlibrary * lib, const char *path, void *jit_options, void **jit_values,          \
+                              unsigned n_jit, void *lib_options, void **lib_values, unsigned n_lib))            \
+    X(cuLibraryUnload, (CUlibrary lib))                                                                         \
     X(cuGraphAddMemAllocNode, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,        \
                                CUDA_MEM_ALLOC_NODE_PARAMS *params))                                             \
     X(cuGraphAddNode, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,                \

@@ -319,15 +319,18 @@ int gs_throttle_setup(const struct gs_share_limit *limits, int n, enum gs_policy
     return 0;
 }
 
+static __thread int context_depth; /* context steps this thread is inside (gs_context.h) */
+
 void gs_throttle_context_begin(struct gs_pidmap_scope *s, int d)
 {
     s->active = 0;
-    if (d >= 0 && d < GS_MAX_DEVICES && gs_gates[d].active)
+    if (context_depth++ == 0 && d >= 0 && d < GS_MAX_DEVICES && gs_gates[d].active)
         gs_pidmap_begin(s, gs_gates[d].uuid);
 }
 
 void gs_throttle_context_end(struct gs_pidmap_scope *s, CUresult rc)
 {
+    context_depth--;
     gs_pidmap_end(s, rc);
 }
 

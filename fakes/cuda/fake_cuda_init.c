@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dlfcn.h>
+
+#include "fake_cuda_export.h"
 #include "fake_cuda_mem.h"
 
 struct fake_gpu_state *fake_state;
@@ -16,6 +19,7 @@ __thread struct fake_ctx *fake_current;
 
 static struct fake_ctx primary_ctx[FAKE_CUDA_MAX_DEVICES];
 static int context_charged[FAKE_CUDA_MAX_DEVICES];
+static int primary_flags[FAKE_CUDA_MAX_DEVICES];
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
@@ -228,18 +232,6 @@ CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 }
 FAKE_EXPORT(cuDeviceTotalMem_v2)
 
-CUresult impl_cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
-{
-    NEED_DEVICE(dev);
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (attrib != CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    *value = (int)fake_devices[dev].info.sms;
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuDeviceGetAttribute)
-
 /* A process's first context on a GPU takes FAKE_CUDA_CONTEXT_MIB of its memory, as a real one does. */
 static CUresult charge_context(int dev)
 {
@@ -280,6 +272,46 @@ CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuDevicePrimaryCtxRelease_v2)
+
+/* The runtime's private table (slot 2) asks for the primary context before it calls cuDevicePrimaryCtxRetain.
+ * A real driver creates the context right there, unseen by anything interposing the exported names; so does
+ * the fake by default. FAKE_CUDA_PRIMARY_CTX_VIA_EXPORT=1 routes it through the exported (interposable) name. */
+CUresult fake_primary_ctx_private(CUcontext *pctx, CUdevice dev)
+{
+    if (fake_env_u64("FAKE_CUDA_PRIMARY_CTX_VIA_EXPORT", 0)) {
+        CUresult (*retain)(CUcontext *, CUdevice) =
+            (CUresult(*)(CUcontext *, CUdevice))dlsym(RTLD_DEFAULT, "cuDevicePrimaryCtxRetain");
+        if (retain)
+            return retain(pctx, dev);
+    }
+    return impl_cuDevicePrimaryCtxRetain(pctx, dev);
+}
+
+CUresult impl_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    NEED_DEVICE(dev);
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = (unsigned)primary_flags[dev];
+    *active = __atomic_load_n(&primary_ctx[dev].refcount, __ATOMIC_RELAXED) > 0;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDevicePrimaryCtxGetState)
+
+CUresult impl_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    NEED_DEVICE(dev);
+    primary_flags[dev] = (int)flags;
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDevicePrimaryCtxSetFlags_v2)
+
+CUresult impl_cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    NEED_DEVICE(dev);
+    return CUDA_SUCCESS;
+}
+FAKE_EXPORT(cuDevicePrimaryCtxReset_v2)
 
 static CUresult create_context(CUcontext *pctx, CUdevice dev)
 {
@@ -378,13 +410,6 @@ CUresult impl_cuCtxSynchronize(void)
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuCtxSynchronize)
-
-CUresult impl_cuGetExportTable(const void **table, const CUuuid *id)
-{
-    (void)table, (void)id;
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-FAKE_EXPORT(cuGetExportTable)
 
 int fakeCuda_getCounters(struct fake_cuda_counters *out, size_t size)
 {

@@ -13,6 +13,19 @@
 /* Take `bytes` (rounded up to the granularity) on dev (-1: host memory, not charged) under a new address.
  * low: an address below 4 GiB (the 32-bit cuMemAlloc). */
 CUresult fake_mem_alloc(uint64_t *addr, uint64_t bytes, int dev, int low);
+/* Stream-ordered memory pools (fake_cuda_pools.c): where they are, their attributes, the bytes they hold. */
+struct fake_pool {
+    CUmemLocation location;
+    uint64_t attr[16]; /* cuMemPoolSetAttribute values, by CUmemPool_attribute */
+    uint64_t used, used_high;
+    int is_default;
+};
+CUresult fake_mem_alloc_pool(uint64_t *addr, uint64_t bytes, int dev, int low, struct fake_pool *pool);
+void fake_pool_account(struct fake_pool *pool, int64_t bytes);
+struct fake_pool *fake_pool_current(int dev);
+/* 1 when addr lies in the fake's device address range; fake_mem_backed(): that range holds real bytes. */
+int fake_mem_is_device(uint64_t addr);
+int fake_mem_backed(void);
 /* Free the entry at addr: CUDA_SUCCESS, or CUDA_ERROR_INVALID_VALUE when there is none. */
 CUresult fake_mem_free(uint64_t addr);
 /* The entry at addr: its size (as rounded) and device. 0 when there is none. */

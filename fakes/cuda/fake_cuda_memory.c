@@ -2,8 +2,10 @@
  * allocation granularity as the real driver takes them, from the simulated GPU's shared `mem_used_bytes`, so
  * every process on the fake node sees the same free memory. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "fake_cuda_mem.h"
 
@@ -16,6 +18,7 @@ struct entry {
     uint64_t key; /* 0 = empty */
     uint64_t bytes;
     int dev;      /* CUDA ordinal charged, -1 for host memory */
+    struct fake_pool *pool; /* the stream-ordered pool it came from, or NULL */
 };
 
 static struct {
@@ -24,13 +27,10 @@ static struct {
     size_t cap, count;
 } map = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
 
-static uint64_t next_address = 0x7f0000000000ULL;
+static uint64_t next_address = 0x7f0000000000ULL; /* when no address range could be reserved */
 static uint64_t next_low_address = 0x10000000ULL; /* 32-bit device pointers (cuMemAlloc v1) */
 static uint64_t next_handle = 1;
 
-struct fake_pool {
-    CUmemLocation location;
-};
 
 static size_t slot_of(uint64_t key, size_t cap)
 {
@@ -57,7 +57,7 @@ static int map_grow(void)
     return 0;
 }
 
-static int map_put(uint64_t key, uint64_t bytes, int dev)
+static int map_put_pool(uint64_t key, uint64_t bytes, int dev, struct fake_pool *pool)
 {
     pthread_mutex_lock(&map.lock);
     int rc = 0;
@@ -67,11 +67,16 @@ static int map_put(uint64_t key, uint64_t bytes, int dev)
         size_t i = slot_of(key, map.cap);
         while (map.slots[i].key)
             i = (i + 1) & (map.cap - 1);
-        map.slots[i] = (struct entry){key, bytes, dev};
+        map.slots[i] = (struct entry){key, bytes, dev, pool};
         map.count++;
     }
     pthread_mutex_unlock(&map.lock);
     return rc;
+}
+
+static int map_put(uint64_t key, uint64_t bytes, int dev)
+{
+    return map_put_pool(key, bytes, dev, NULL);
 }
 
 /* The slot holding key, or SIZE_MAX; with map.lock held. */
@@ -154,13 +159,71 @@ void fake_mem_give(int dev, uint64_t bytes)
     __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
 }
 
+/* Device addresses come from one range of address space reserved at the first allocation (FAKE_CUDA_VA_GIB,
+ * default 4096 GiB, MAP_NORESERVE: it costs nothing until touched), 2 MiB aligned as the real driver's are, so
+ * they never collide with host memory. With FAKE_CUDA_HOST_BACKED=1 the range is readable and writable and
+ * copies, memsets and kernels' host-side checks see real bytes (a copy to the device and back round-trips);
+ * freed memory is given back to the kernel. */
+static struct {
+    pthread_once_t once;
+    uint64_t base, end, next;
+    int backed;
+} va = {PTHREAD_ONCE_INIT, 0, 0, 0, 0};
+
+static void va_reserve(void)
+{
+    uint64_t size = fake_env_u64("FAKE_CUDA_VA_GIB", 4096) << 30;
+    va.backed = fake_env_u64("FAKE_CUDA_HOST_BACKED", 0) != 0;
+    void *p = mmap(NULL, size + FAKE_CUDA_GRANULARITY, va.backed ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "fake libcuda: cannot reserve %llu GiB of address space for device memory; device "
+                        "addresses are made up and copies are not performed\n", (unsigned long long)(size >> 30));
+        va.backed = 0;
+        return;
+    }
+    va.base = ((uint64_t)(uintptr_t)p + FAKE_CUDA_GRANULARITY - 1) & ~(FAKE_CUDA_GRANULARITY - 1);
+    va.next = va.base;
+    va.end = va.base + size;
+}
+
 uint64_t fake_mem_new_address(uint64_t bytes)
 {
-    uint64_t span = (bytes + PITCH_ALIGN - 1) & ~(uint64_t)(PITCH_ALIGN - 1);
-    return __atomic_fetch_add(&next_address, span ? span : PITCH_ALIGN, __ATOMIC_RELAXED);
+    pthread_once(&va.once, va_reserve);
+    uint64_t span = (bytes + FAKE_CUDA_GRANULARITY - 1) & ~(FAKE_CUDA_GRANULARITY - 1);
+    if (!span)
+        span = FAKE_CUDA_GRANULARITY;
+    if (va.base) {
+        uint64_t addr = __atomic_fetch_add(&va.next, span, __ATOMIC_RELAXED);
+        if (addr + span <= va.end)
+            return addr;
+    }
+    return __atomic_fetch_add(&next_address, span, __ATOMIC_RELAXED);
+}
+
+int fake_mem_is_device(uint64_t addr)
+{
+    return va.base && addr >= va.base && addr < va.end;
+}
+
+int fake_mem_backed(void)
+{
+    pthread_once(&va.once, va_reserve);
+    return va.backed;
+}
+
+static void va_release(uint64_t addr, uint64_t bytes)
+{
+    if (va.backed && fake_mem_is_device(addr) && bytes)
+        madvise((void *)(uintptr_t)addr, bytes, MADV_DONTNEED);
 }
 
 CUresult fake_mem_alloc(uint64_t *out, uint64_t bytes, int dev, int low)
+{
+    return fake_mem_alloc_pool(out, bytes, dev, low, NULL);
+}
+
+CUresult fake_mem_alloc_pool(uint64_t *out, uint64_t bytes, int dev, int low, struct fake_pool *pool)
 {
     if (!out || bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -180,12 +243,14 @@ CUresult fake_mem_alloc(uint64_t *out, uint64_t bytes, int dev, int low)
     } else {
         addr = fake_mem_new_address(bytes);
     }
-    if (map_put(addr, bytes, dev)) {
+    if (map_put_pool(addr, bytes, dev, pool)) {
         if (dev >= 0)
             fake_mem_give(dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     __atomic_fetch_add(&fake_counters.live_bytes, bytes, __ATOMIC_RELAXED);
+    if (pool)
+        fake_pool_account(pool, (int64_t)bytes);
     *out = addr;
     return CUDA_SUCCESS;
 }
@@ -214,6 +279,9 @@ CUresult fake_mem_free(uint64_t key)
         return CUDA_ERROR_INVALID_VALUE;
     if (e.dev >= 0)
         fake_mem_give(e.dev, e.bytes);
+    if (e.pool)
+        fake_pool_account(e.pool, -(int64_t)e.bytes);
+    va_release(key, e.bytes);
     __atomic_fetch_sub(&fake_counters.live_bytes, e.bytes, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
@@ -223,6 +291,16 @@ static CUresult on_current(CUdeviceptr *dptr, size_t bytes)
     int dev;
     CUresult rc = fake_current_device(&dev);
     return rc ? rc : allocate(dptr, bytes, dev);
+}
+
+/* cuMemAllocAsync: from the current device's current pool (cuDeviceSetMemPool), which counts its use. */
+static CUresult on_current_pool(CUdeviceptr *dptr, size_t bytes)
+{
+    int dev;
+    CUresult rc = fake_current_device(&dev);
+    if (rc)
+        return rc;
+    return fake_mem_alloc_pool((uint64_t *)dptr, bytes, dev, 0, fake_pool_current(dev));
 }
 
 CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -273,7 +351,7 @@ CUresult impl_cuMemFree_v2(CUdeviceptr dptr)
     FAKE_COUNT(mem_free);
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return fake_mem_free(dptr);
+    return dptr ? fake_mem_free(dptr) : CUDA_SUCCESS; /* cudaFree(0) is how programs make the runtime start */
 }
 FAKE_EXPORT(cuMemFree_v2)
 
@@ -329,7 +407,7 @@ CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream strea
 {
     (void)stream;
     FAKE_COUNT(mem_alloc_async);
-    return on_current(dptr, bytesize);
+    return on_current_pool(dptr, bytesize);
 }
 FAKE_EXPORT(cuMemAllocAsync)
 
@@ -337,7 +415,7 @@ CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream 
 {
     (void)stream;
     FAKE_COUNT(mem_alloc_async_ptsz);
-    return on_current(dptr, bytesize);
+    return on_current_pool(dptr, bytesize);
 }
 FAKE_EXPORT(cuMemAllocAsync_ptsz)
 
@@ -348,7 +426,8 @@ static CUresult from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool)
     struct fake_pool *p = (struct fake_pool *)pool;
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
-    return allocate(dptr, bytesize, p->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->location.id : -1);
+    return fake_mem_alloc_pool((uint64_t *)dptr, bytesize,
+                               p->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->location.id : -1, 0, p);
 }
 
 CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
@@ -382,33 +461,6 @@ CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
     return fake_initialised ? fake_mem_free(dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 FAKE_EXPORT(cuMemFreeAsync_ptsz)
-
-CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-    if (!fake_initialised)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool || !props)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-        (props->location.id < 0 || props->location.id >= fake_device_count))
-        return CUDA_ERROR_INVALID_DEVICE;
-    struct fake_pool *p = calloc(1, sizeof *p);
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    p->location = props->location;
-    *pool = (CUmemoryPool)p;
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuMemPoolCreate)
-
-CUresult impl_cuMemPoolDestroy(CUmemoryPool pool)
-{
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    free(pool);
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuMemPoolDestroy)
 
 CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                           unsigned long long flags)

@@ -1,12 +1,13 @@
 /* Fake driver: device memory that is not a plain allocation. Arrays and mipmapped arrays (their size from the
  * descriptor, as the shim estimates it), memory shared between processes (cuIpcGetMemHandle carries address and
- * size; opening maps them under a new address and takes no memory: the exporter owns it), modules (an image
- * "fake-module <bytes>" takes that much for its globals), and graphs with memory nodes (the memory is taken
+ * size; opening maps them under a new address and takes no memory: the exporter owns it), modules (a real image
+ * takes nothing; a test image "fake-module <bytes>" takes that much for its globals), and graphs with memory nodes (the memory is taken
  * when a graph runs, which the fake never does: adding a node only hands out its address). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_cuda_export.h"
 #include "fake_cuda_mem.h"
 
 static uint64_t elem_bytes(int format, unsigned channels)
@@ -124,21 +125,25 @@ CUresult impl_cuIpcCloseMemHandle(CUdeviceptr dptr)
 }
 FAKE_EXPORT(cuIpcCloseMemHandle)
 
-/* --- modules ------------------------------------------------------------------------------------------------- */
-static CUresult load_image(CUmodule *mod, const char *image)
+/* --- modules: the image's format is checked by fake_cuda_library.c ------------------------------------------ */
+static CUresult load_image(CUmodule *mod, const void *image)
 {
     unsigned long long bytes;
     if (!mod || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!strncmp(image, ".version", 8) && strstr(image, ".entry"))
-        bytes = 0; /* PTX (scripts/gpu/spin_share.c): its kernels are timed, not run; it takes no memory */
-    else if (sscanf(image, "fake-module %llu", &bytes) != 1)
-        return CUDA_ERROR_INVALID_VALUE; /* CUDA_ERROR_INVALID_IMAGE, as far as the tests care */
+    CUresult rc = fake_image_bytes(image, &bytes);
+    if (rc)
+        return rc;
     if (!bytes) {
         *mod = (CUmodule)(uintptr_t)fake_mem_new_address(1);
         return CUDA_SUCCESS;
     }
     return new_object((void **)mod, bytes);
+}
+
+CUresult fake_module_from_image(CUmodule *mod, const void *image)
+{
+    return load_image(mod, image);
 }
 
 CUresult impl_cuModuleLoadData(CUmodule *mod, const void *image)

@@ -2,6 +2,7 @@
  * version they were built for and stream flags; the driver answers with the matching versioned entry point and,
  * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, the per-thread-stream (_ptsz) variant. The addresses are
  * those of the hidden implementations, not of the exported (interposable) names. */
+#include <stdio.h>
 #include <string.h>
 
 #include "fake_cuda_api.h"
@@ -115,6 +116,8 @@ static void *distinct_lookup(const char *symbol, int version, cuuint64_t flags)
     return NULL;
 }
 
+void *fake_proc_lookup_more(const char *symbol, int version, int *version_too_low); /* fake_cuda_procs.c */
+
 void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low)
 {
     *version_too_low = 0;
@@ -133,7 +136,9 @@ void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *v
         *version_too_low = 0;
         return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? procs[i].ptsz : procs[i].legacy;
     }
-    return NULL;
+    if (*version_too_low)
+        return NULL;
+    return fake_proc_lookup_more(symbol, version, version_too_low);
 }
 
 CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
@@ -144,6 +149,12 @@ CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, c
     int too_low;
     void *p = fake_proc_lookup(symbol, version, flags, &too_low);
     *pfn = p;
+    static int trace = -1;
+    if (trace < 0)
+        trace = fake_env_u64("FAKE_CUDA_TRACE", 0) != 0;
+    if (trace && !p) /* FAKE_CUDA_TRACE=1: the names a client asked for that the fake does not have */
+        fprintf(stderr, "fake libcuda: cuGetProcAddress(%s, %d, %llu): %s\n", symbol, version,
+                (unsigned long long)flags, too_low ? "version too low" : "not found");
     if (status)
         *status = p ? CU_GET_PROC_ADDRESS_SUCCESS
                     : too_low ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

@@ -92,25 +92,27 @@ CUresult impl_cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data)
 }
 FAKE_EXPORT(cuLaunchHostFunc_ptsz)
 
-/* FAKE_CUDA_CAPTURING=1: every stream says it is being captured into a graph (status ACTIVE). */
-static CUresult is_capturing(int *status)
+/* A stream between cuStreamBeginCapture and cuStreamEndCapture is being captured (status ACTIVE); with
+ * FAKE_CUDA_CAPTURING=1 every stream says so. */
+int fake_stream_capturing(CUstream s);
+
+static CUresult is_capturing(CUstream stream, int *status)
 {
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = fake_env_u64("FAKE_CUDA_CAPTURING", 0) ? 1 : CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = fake_env_u64("FAKE_CUDA_CAPTURING", 0) || fake_stream_capturing(stream) ? 1
+                                                                                       : CU_STREAM_CAPTURE_STATUS_NONE;
     return fake_initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 CUresult impl_cuStreamIsCapturing(CUstream stream, int *status)
 {
-    (void)stream;
-    return is_capturing(status);
+    return is_capturing(stream, status);
 }
 FAKE_EXPORT(cuStreamIsCapturing)
 
 CUresult impl_cuStreamIsCapturing_ptsz(CUstream stream, int *status)
 {
-    (void)stream;
-    return is_capturing(status);
+    return is_capturing(stream, status);
 }
 FAKE_EXPORT(cuStreamIsCapturing_ptsz)

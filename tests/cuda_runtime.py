@@ -1,0 +1,97 @@
+"""Real CUDA software over the fake driver: NVIDIA's runtime (nvcc-built programs, static and shared cudart) and
+CuPy, run as a container's processes on a fake node, with the shim preloaded or not.
+
+The toolkit comes from NVIDIA's wheels (nvidia-cuda-nvcc, -crt, nvvm, -runtime, -nvrtc; the `test` extra of
+pyproject.toml pins them): no GPU and no system CUDA are needed. `runtime_probe()` builds tests/cuda/rt_probe.cu
+once per cudart kind into build/cuda; the probe prints one JSON object per step (see its header).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
+from tests.shim_probe import BUILD, REPO, Node, require_built
+
+CUDA_DIR = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" \
+    / "nvidia" / "cu13"
+NVCC = CUDA_DIR / "bin" / "nvcc"
+CUDART_LIB = CUDA_DIR / "lib"
+PROBE_SOURCE = REPO / "tests" / "cuda" / "rt_probe.cu"
+OUT = BUILD / "cuda"
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def runtime_probe(cudart: str) -> Path:
+    """The probe built against `static` or `shared` cudart (rebuilt when its source is newer)."""
+    if cudart not in ("static", "shared"):
+        raise ValueError(f"cudart is static or shared, not {cudart!r}")
+    if not NVCC.exists():
+        pytest.fail(f"nvcc is not installed at {NVCC}: run `make all` (the test extra installs nvidia-cuda-nvcc)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    program = OUT / f"rt_probe_{cudart}"
+    if program.exists() and program.stat().st_mtime >= PROBE_SOURCE.stat().st_mtime:
+        return program
+    link = OUT / "link"  # the wheel ships libcudart.so.13 without the libcudart.so that -lcudart needs
+    link.mkdir(exist_ok=True)
+    (link / "libcudart.so").unlink(missing_ok=True)
+    (link / "libcudart.so").symlink_to(CUDART_LIB / "libcudart.so.13")
+    tmp = program.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [str(NVCC), "-arch=sm_80", f"-cudart={cudart}", f"-L{link}", f"-L{CUDART_LIB}",
+           f"-Xlinker=-rpath={CUDART_LIB}", "-o", str(tmp), str(PROBE_SOURCE)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"nvcc failed: {' '.join(cmd)}\n{proc.stderr}")
+    tmp.replace(program)
+    return program
+
+
+@dataclass
+class Run:
+    steps: list[dict]
+    stderr: str
+
+    def step(self, op: str, nth: int = 0) -> dict:
+        return [s for s in self.steps if s["op"] == op][nth]
+
+
+def run(program: Path, env: dict[str, str], *steps: str | int, timeout: float = 120) -> Run:
+    proc = subprocess.run([str(program), *map(str, steps)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{program.name} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return Run([json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], proc.stderr)
+
+
+def start(program: Path, env: dict[str, str], *steps: str | int) -> subprocess.Popen:
+    return subprocess.Popen([str(program), *map(str, steps)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def until(proc: subprocess.Popen, op: str) -> list[dict]:
+    seen: list[dict] = []
+    while not seen or seen[-1]["op"] != op:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line:
+            raise AssertionError(f"probe ended early: {proc.stderr.read() if proc.stderr else ''}")
+        seen.append(json.loads(line))
+    return seen
+
+
+def a100_node(tmp_path: Path) -> Node:
+    """A fake node of one A100 (40 GiB, 108 SMs, compute capability 8.0: CUDA 13 compiles for nothing older);
+    its processes' device memory holds real bytes (copies round-trip)."""
+    require_built()
+    gpu = FakeGPU(index=0, uuid=seed_uuid(0, "a100"), name="NVIDIA A100-SXM4-40GB", memory_mib=40960, minor=0,
+                  pci_bus_id="00000000:07:00.0", sms=108, compute_capability=(8, 0))
+    node = Node(FakeDriver.create(tmp_path / "node", [gpu]), tmp_path)
+    node.extra["FAKE_CUDA_HOST_BACKED"] = "1"
+    return node
