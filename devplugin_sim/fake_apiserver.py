@@ -189,6 +189,9 @@ class FakeApiserver:
     def patch_node(self, name: str, patch: dict) -> dict:
         return self.store.update(NODES, "", name, lambda n: merge_object(n, patch))
 
+    def delete_node(self, name: str) -> dict:
+        return self.store.delete(NODES, "", name)
+
     def delete_pod(self, namespace: str, name: str) -> dict:
         return self.store.delete(PODS, namespace, name)
 

@@ -83,3 +83,44 @@ def test_relabel_during_outage_and_after_410(api: FakeApiserver, watch: NodeWatc
 def test_needs_a_node_name(api: FakeApiserver) -> None:
     with pytest.raises(ValueError, match="NODE_NAME"):
         NodeWatch(load_api_client(api.kubeconfig_path), "", lambda labels: None)
+
+
+def test_a_recreated_node_object_gets_the_daemons_inventory_back() -> None:
+    # The Node object is deleted and created again (a node re-registering, `kubectl delete node`): the new object
+    # has none of the daemon's annotations; the watch sees the new UID and the daemon publishes them again.
+    from devplugin import contract as c
+    from tests.daemon_harness import running
+
+    with FakeApiserver(bookmark_interval_s=0.2) as api, running(apiserver=api) as r:
+        assert r.nd.reporter is not None
+        reporter, board = r.nd.reporter, r.nd.board
+        p = r.pod("u", mem=5, core=25)
+        assert r.wait_cached(p) and r.registered_all()
+        r.admit(p)
+
+        def usage_mem() -> int:
+            raw = api.node("gpu-node")["metadata"]["annotations"].get(c.ANN_NODE_USAGE)
+            return c.parse_usage(raw).gpus[0].mem if raw else -1
+
+        assert wait_for(lambda: usage_mem() == 5)
+        recreated = threading.Event()
+
+        def republish() -> None:
+            reporter.republish(board.is_healthy)
+            recreated.set()
+
+        w = NodeWatch(load_api_client(api.kubeconfig_path), "gpu-node", lambda labels: None, on_recreated=republish,
+                      backoff_start_s=0.05, backoff_max_s=0.4).start()
+        try:
+            assert w.synced.wait(10)
+            api.patch_node("gpu-node", {"metadata": {"labels": {"x": "1"}}})  # an update is not a re-creation
+            assert wait_for(lambda: (w.labels() or {}).get("x") == "1")
+            assert not recreated.is_set()
+            api.delete_node("gpu-node")
+            api.add_node("gpu-node", labels={MODE: "core_mem"})
+            assert recreated.wait(10)
+            assert wait_for(lambda: usage_mem() == 5)  # the room in use, as before
+            inv = c.parse_inventory(api.node("gpu-node")["metadata"]["annotations"][c.ANN_NODE_GPUS])
+            assert len(inv.gpus) == 4
+        finally:
+            w.stop()

@@ -33,7 +33,8 @@ EXIT_CONFIG = 2
 RELABEL_CHECK_S = 1.0
 
 
-def connect(cfg: Config, on_labels: Callable[[dict[str, str]], None] | None = None) -> KubeLink:
+def connect(cfg: Config, on_labels: Callable[[dict[str, str]], None] | None = None,
+            on_recreated: Callable[[], None] = lambda: None) -> KubeLink:
     """The cluster link: pod cache, node watch and writer; an empty link (node-local only) when the apiserver
     cannot be configured."""
     if not cfg.node_name:
@@ -53,7 +54,7 @@ def connect(cfg: Config, on_labels: Callable[[dict[str, str]], None] | None = No
         return KubeLink()
     pods = PodCache(api, cfg.node_name, cfg.resource_domain).start()
     writer = KubeWriter(api, cfg.node_name).start()
-    watch = NodeWatch(api, cfg.node_name, on_labels or (lambda labels: None)).start()
+    watch = NodeWatch(api, cfg.node_name, on_labels or (lambda labels: None), on_recreated=on_recreated).start()
     return KubeLink(pods=pods, node_watch=watch, writer=writer)
 
 
@@ -105,6 +106,12 @@ class Supervisor:
             self.link.writer.node_event(self.cfg.node_name, "Warning", "GPUModeChange", msg)
         self.changed.set()
 
+    def on_recreated(self) -> None:
+        """The Node object was deleted and created again: put the GPU inventory and usage back on it."""
+        current = self.current
+        if current is not None and current.reporter is not None:
+            current.reporter.republish(current.board.is_healthy)
+
     def ready(self) -> tuple[bool, str]:
         if self.current is None:
             return False, self.waiting_why
@@ -115,7 +122,7 @@ class Supervisor:
         return (True, "ok") if current is None else current.alive()
 
     def run(self) -> int:
-        self.link = connect(self.cfg, self.on_labels)
+        self.link = connect(self.cfg, self.on_labels, self.on_recreated)
         self.settings = self._initial_settings()
         janitor = None
         while not self.stop_event.is_set() and self.settings is not None:

@@ -1,5 +1,7 @@
 """A watch of this node's own object: on_labels(labels) runs when its labels change (the first LIST counts as a
-change), so a relabel of the mode or placement reaches the daemon. Same LIST + WATCH loop as the pod cache."""
+change), so a relabel of the mode or placement reaches the daemon; on_recreated() runs when the Node object comes
+back as a new object (deleted and created again: a new UID), whose annotations no longer carry the daemon's
+inventory and usage, so the daemon republishes them without a restart. Same LIST + WATCH loop as the pod cache."""
 
 from __future__ import annotations
 
@@ -19,13 +21,15 @@ class NodeWatch:
     """This node's object, kept current; see the module docstring."""
 
     def __init__(self, api_client: client.ApiClient, node_name: str, on_labels: Callable[[dict[str, str]], None],
-                 *, backoff_start_s: float = 0.2, backoff_max_s: float = 10.0, watch_timeout_s: int = 300,
+                 *, on_recreated: Callable[[], None] = lambda: None, backoff_start_s: float = 0.2, backoff_max_s: float = 10.0, watch_timeout_s: int = 300,
                  healthy_silence_s: float = 30.0) -> None:
         if not node_name:
             raise ValueError("NodeWatch needs this node's name: set NODE_NAME from the downward API (spec.nodeName)")
         self.node_name = node_name
         self.synced = threading.Event()  # the node object has been read once
         self._on_labels = on_labels
+        self._on_recreated = on_recreated
+        self._uid = ""  # the UID of the Node object last seen
         self._healthy_silence = healthy_silence_s
         self._lock = threading.Lock()
         self._node: dict | None = None
@@ -75,10 +79,18 @@ class NodeWatch:
         self._update(obj)
 
     def _update(self, obj: dict) -> None:
-        labels = {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
+        meta = obj.get("metadata") or {}
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        uid = str(meta.get("uid") or "")
         with self._lock:
             changed = labels != self._labels
+            recreated = bool(self._uid) and bool(uid) and uid != self._uid
             self._node, self._labels = obj, labels
+            self._uid = uid or self._uid
         self.synced.set()
         if changed:
             self._on_labels(dict(labels))
+        if recreated:
+            log.warning("node object %s was re-created; publishing this node's GPUs on it again", self.node_name,
+                        extra={"fields": {"node": self.node_name, "uid": uid}})
+            self._on_recreated()

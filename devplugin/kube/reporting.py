@@ -207,6 +207,12 @@ class ClusterReporter(Reporter):
                                  healthy=healthy(g.uuid)) for g in self.node.gpus))
         self.writer.patch_node_annotations(self.node_name, {c.ANN_NODE_GPUS: inv.render()})
 
+    def republish(self, healthy: Callable[[str], bool]) -> None:
+        """Write the inventory and usage again (the Node object was re-created without them)."""
+        self.publish_inventory(healthy)
+        self._usage_force = True
+        self._usage_due.set()
+
     def _publish_loop(self) -> None:
         while not self._stopping.is_set():
             self._usage_due.wait()
