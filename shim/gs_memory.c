@@ -59,6 +59,34 @@ GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUst
 /* The pitch is the driver's choice: reserve rows of the usual 512-byte alignment, then settle to the real
  * size (charging a wider pitch, or undoing the allocation when that does not fit). */
 #define GS_PITCH_ALIGN 512
+
+/* Settle a pitched allocation that `reserved` was charged for to its real `bytes` (pitch x height); on failure the
+ * allocation at `ptr` is freed through the entry point of its version. */
+static CUresult pitch_settle(int d, uint64_t reserved, uint64_t bytes, uint64_t ptr, int v1)
+{
+    uint64_t actual = gs_charge_size(d, bytes);
+    int tracked;
+    if (actual <= reserved) {
+        gs_alloc_undo(d, reserved - actual);
+    } else if (gs_alloc_begin(d, actual - reserved, &tracked) != CUDA_SUCCESS) {
+        /* A pitch wider than expected that does not fit. */
+        if (v1)
+            (void)(gs_cu.cuMemFree ? gs_cu.cuMemFree((CUdeviceptr_v1)ptr) : CUDA_SUCCESS);
+        else
+            gs_cu.cuMemFree_v2(ptr);
+        gs_alloc_undo(d, reserved);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (gs_alloc_end(CUDA_SUCCESS, 1, d, actual, &gs_pointers, ptr)) {
+        if (v1)
+            (void)(gs_cu.cuMemFree ? gs_cu.cuMemFree((CUdeviceptr_v1)ptr) : CUDA_SUCCESS);
+        else
+            gs_cu.cuMemFree_v2(ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
 GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                       unsigned int elem)
 {
@@ -81,20 +109,32 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
             gs_alloc_undo(d, reserved);
         return rc;
     }
-    uint64_t actual = gs_charge_size(d, (uint64_t)*pitch * height);
-    if (actual <= reserved) {
-        gs_alloc_undo(d, reserved - actual);
-    } else if (gs_alloc_begin(d, actual - reserved, &tracked) != CUDA_SUCCESS) {
-        /* A pitch wider than expected that does not fit. */
-        gs_cu.cuMemFree_v2(*dptr);
-        gs_alloc_undo(d, reserved);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    return pitch_settle(d, reserved, (uint64_t)*pitch * height, *dptr, 0);
+}
+
+/* The CUDA 3.1 entry point, still exported by the driver (32-bit pointer and sizes): a program linked to libcuda
+ * that declares it reaches it without any lookup, so it is charged like the current one. */
+GS_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width,
+                                   unsigned int height, unsigned int elem)
+{
+    GS_ENTER_OR_RETURN(cuMemAllocPitch);
+    int d;
+    GS_ALLOC_TARGET(d, dptr, gs_cu.cuMemAllocPitch(dptr, pitch, width, height, elem));
+    if (!pitch || !height)
+        return gs_cu.cuMemAllocPitch(dptr, pitch, width, height, elem);
+    uint64_t widest = ((uint64_t)width + GS_PITCH_ALIGN - 1) / GS_PITCH_ALIGN * GS_PITCH_ALIGN;
+    uint64_t reserved = gs_charge_size(d, widest * height); /* 33 bits x 32 bits: no overflow */
+    int tracked;
+    CUresult rc = gs_alloc_begin(d, reserved, &tracked);
+    if (rc)
+        return rc;
+    rc = gs_cu.cuMemAllocPitch(dptr, pitch, width, height, elem);
+    if (rc != CUDA_SUCCESS || !tracked) {
+        if (tracked)
+            gs_alloc_undo(d, reserved);
+        return rc;
     }
-    if (gs_alloc_end(CUDA_SUCCESS, 1, d, actual, &gs_pointers, *dptr)) {
-        gs_cu.cuMemFree_v2(*dptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    return pitch_settle(d, reserved, (uint64_t)*pitch * height, *dptr, 1);
 }
 
 static int pool_device(CUmemoryPool pool, int *dev)

@@ -29,6 +29,8 @@
     X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags))                             \
     X(cuMemFree_v2, (CUdeviceptr dptr))                                                                         \
     X(cuMemAlloc, (CUdeviceptr_v1 * dptr, unsigned int bytesize))                                              \
+    X(cuMemAllocPitch, (CUdeviceptr_v1 * dptr, unsigned int *pitch, unsigned int width, unsigned int height,    \
+                        unsigned int elem))                                                                     \
     X(cuMemFree, (CUdeviceptr_v1 dptr))                                                                         \
     X(cuArrayCreate_v2, (CUarray * arr, const CUDA_ARRAY_DESCRIPTOR *desc))                                     \
     X(cuArray3DCreate_v2, (CUarray * arr, const CUDA_ARRAY3D_DESCRIPTOR *desc))                                 \

@@ -22,6 +22,7 @@ static const struct variant variants[] = {
     {"cuMemAlloc", 3020, "cuMemAlloc_v2", NULL},
     {"cuMemAlloc", 2000, "cuMemAlloc", NULL},
     {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", NULL},
+    {"cuMemAllocPitch", 2000, "cuMemAllocPitch", NULL},
     {"cuMemAllocManaged", 6000, "cuMemAllocManaged", NULL},
     {"cuMemFree", 3020, "cuMemFree_v2", NULL},
     {"cuMemFree", 2000, "cuMemFree", NULL},

@@ -128,18 +128,43 @@ def test_without_a_current_context_an_allocation_never_reaches_the_driver(node):
 
 
 def test_an_allocation_entry_point_the_shim_does_not_know_is_refused(node):
-    # The CUDA 3.1 cuMemAllocPitch exists in the driver, but the shim hooks only cuMemAllocPitch_v2.
-    steps = ("init", "lookup", "cuMemAllocPitch", 2000, "dlsym", "cuMemAllocPitch", "lookup", "cuMemAlloc", 2000,
-             "lookup", "cuCtxSynchronize", 12080)
-    without = run(node.env(shim=False), *steps)
+    # A newer driver's cuMemAlloc (asked for CUDA 13.1, past what the shim knows, at an address of its own): the
+    # shim cannot tell what it takes, so the lookup fails rather than let memory escape the limit.
+    steps = ("init", "lookup", "cuMemAlloc", 13010, "lookup", "cuMemAllocPitch", 2000, "lookup", "cuMemAlloc",
+             2000, "lookup", "cuCtxSynchronize", 12080)
+    newer = {"FAKE_CUDA_DISTINCT_ENTRY_POINTS": "1"}
+    without = run(node.env(shim=False, **newer), *steps)
     assert [s["found"] for s in without[1:]] == [True, True, True, True]
-    result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), *steps)
-    old_pitch, by_dlsym, old_alloc, other = result.steps[1:]
-    assert (old_pitch["rc"], old_pitch["found"]) == (CUDA_ERROR_NOT_FOUND, False)
-    assert by_dlsym["found"] is False
-    assert old_alloc["found"] and other["found"]  # hooked versions and other entry points are answered
-    assert "cuGetProcAddress(cuMemAllocPitch, version 2000)" in result.stderr
-    assert "dlsym(cuMemAllocPitch)" in result.stderr
+    result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", **newer), *steps)
+    unknown, old_pitch, old_alloc, other = result.steps[1:]
+    assert (unknown["rc"], unknown["found"]) == (CUDA_ERROR_NOT_FOUND, False)
+    assert old_pitch["found"] and old_alloc["found"] and other["found"]  # hooked versions, other entry points
+    assert "cuGetProcAddress(cuMemAlloc, version 13010)" in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["linked", "gpa", "dlsym"])
+def test_the_cuda_3_1_cu_mem_alloc_pitch_is_capped_and_reported(node, mode):
+    """A program linked to libcuda that declares the CUDA 3.1 cuMemAllocPitch reaches it without any lookup: it is
+    charged like the current one, stops at the limit, and the use is reported."""
+    holder = start(node.env(CUDA_DEVICE_MEMORY_LIMIT="64m"), "init", "ctx", 0, "pitch1", 1000, 16384,
+                   "meminfo", "pitch1", 1000, 16384, "pitch1", 1000, 16384, "pitch1", 1000, 16384,
+                   "pitch1", 1000, 16384, "meminfo", "counters", "ready", mode=mode)
+    try:
+        steps = until(holder, "ready")
+        pitched = [s for s in steps if s["op"] == "pitch1"]
+        assert all(s["pitch"] == 1024 for s in pitched if s["rc"] == CUDA_SUCCESS)
+        # 16 MiB each: three fit under 64 MiB with the context's charge, the fourth and fifth are refused
+        assert [s["rc"] for s in pitched][:3] == [CUDA_SUCCESS] * 3
+        assert CUDA_ERROR_OUT_OF_MEMORY in [s["rc"] for s in pitched]
+        granted = sum(s["bytes"] for s in pitched if s["rc"] == CUDA_SUCCESS)
+        first, last = [s for s in steps if s["op"] == "meminfo"]
+        assert used_in_view(last) <= 64 * MiB
+        assert used_in_view(last) - used_in_view(first) == granted - 16 * MiB  # the shim's view counts them
+        assert node.driver.memory_used(0) <= 64 * MiB
+        assert steps[-2]["mem_oom"] == 0  # the shim refused; the driver was never asked past the limit
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
 
 
 def test_allocations_the_driver_refuses_leave_no_charge(node):

@@ -21,7 +21,8 @@ HOOKED = {
     "cuGraphLaunch_ptsz", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", "dlsym",
     "gpushare_throttle_stats", "gpushare_share_stats",
     # every other way to take device memory
-    "cuMemAlloc", "cuMemFree", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuArrayDestroy", "cuMipmappedArrayCreate",
+    "cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuArrayDestroy",
+    "cuMipmappedArrayCreate",
     "cuMipmappedArrayDestroy", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuModuleLoad",
     "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuGraphAddMemAllocNode",
     "cuGraphAddNode", "cuGraphAddNode_v2", "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuLibraryUnload",

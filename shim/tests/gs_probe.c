@@ -15,6 +15,7 @@
  *   forkfill N KIND CHUNK  fork N children that each fill; the parent reports what each obtained
  *   hammer T N MAX         T threads each make N random allocations (1 byte..MAX) and frees, keeping up to 8
  *   alloc1 SIZE            the CUDA 3.1 cuMemAlloc (kept)  nocontext     no current context
+ *   pitch1 W H             the CUDA 3.1 cuMemAllocPitch (kept; freed by the CUDA 3.1 cuMemFree)
  *   array W H FMT CH | array3d W H D FMT CH FLAGS | mipmap W H D FMT CH LEVELS    an array (kept)
  *   module SIZE            cuModuleLoadData of a fake image whose globals take SIZE (kept; free unloads it)
  *   graphnode SIZE         a memory-allocation node of SIZE on the current GPU in a graph
@@ -507,6 +508,14 @@ int main(int argc, char **argv)
                 keep(PITCH, p, pitch * h);
             printf("{\"op\":\"pitch\",\"rc\":%d,\"pitch\":%zu,\"bytes\":%llu}\n", rc, pitch,
                    (unsigned long long)(pitch * h));
+        } else if (!strcmp(op, "pitch1")) {
+            unsigned int w = (unsigned int)size_arg(ARG()), h = (unsigned int)size_arg(ARG()), pitch = 0;
+            CUdeviceptr_v1 p = 0;
+            CUresult rc = cu.mem_alloc_pitch_v1 ? cu.mem_alloc_pitch_v1(&p, &pitch, w, h, 4) : CUDA_ERROR_NOT_FOUND;
+            if (!rc)
+                keep(ALLOC1, p, (uint64_t)pitch * h);
+            printf("{\"op\":\"pitch1\",\"rc\":%d,\"pitch\":%u,\"bytes\":%llu}\n", rc, pitch,
+                   (unsigned long long)pitch * h);
         } else if (!strcmp(op, "free")) {
             CUresult rc = nheld ? release(&held[--nheld]) : CUDA_ERROR_INVALID_VALUE;
             printf("{\"op\":\"free\",\"rc\":%d}\n", rc);
