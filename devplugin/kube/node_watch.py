@@ -21,7 +21,8 @@ class NodeWatch:
     """This node's object, kept current; see the module docstring."""
 
     def __init__(self, api_client: client.ApiClient, node_name: str, on_labels: Callable[[dict[str, str]], None],
-                 *, on_recreated: Callable[[], None] = lambda: None, backoff_start_s: float = 0.2, backoff_max_s: float = 10.0, watch_timeout_s: int = 300,
+                 *, on_recreated: Callable[[], None] = lambda: None, backoff_start_s: float = 0.2,
+                 backoff_max_s: float = 10.0, watch_timeout_s: int = 300,
                  healthy_silence_s: float = 30.0) -> None:
         if not node_name:
             raise ValueError("NodeWatch needs this node's name: set NODE_NAME from the downward API (spec.nodeName)")
