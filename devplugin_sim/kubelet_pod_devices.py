@@ -17,6 +17,7 @@ class ContainerAllocation:
     device_ids: list[str]
     response: api_pb2.ContainerAllocateResponse
     numa: dict[str, list[int]]
+    listed: bytes | None = None  # its PodResources entries, serialised once (PodResources lists them on every List)
 
 
 class PodDevices:

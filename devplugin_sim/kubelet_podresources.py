@@ -31,8 +31,12 @@ def pod_resources(m: DeviceManager, pod: PodSpec) -> pr_pb2.PodResources:
         for c in pod.containers:
             cr = out.containers.add(name=c.name)
             for resource, alloc in sorted(m.pod_devices.container(pod.uid, c.name).items()):
-                for device_id in alloc.device_ids:
-                    cr.devices.extend(_container_devices(resource, device_id, alloc.numa.get(device_id, [])))
+                if alloc.listed is None:  # an allocation never changes: its entries are built once
+                    one = pr_pb2.ContainerResources()
+                    for device_id in alloc.device_ids:
+                        one.devices.extend(_container_devices(resource, device_id, alloc.numa.get(device_id, [])))
+                    alloc.listed = one.SerializeToString()
+                cr.MergeFromString(alloc.listed)
     return out
 
 

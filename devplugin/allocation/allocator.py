@@ -22,23 +22,31 @@ import logging
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from devplugin.allocation.choice import scheduler_choice
+from devplugin.allocation.choice import Choice, scheduler_choice
 from devplugin.allocation.decision import ContainerKey, Decision, key_of
 from devplugin.allocation.envs import call_envs, shim_envs
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
 from devplugin.allocation.fallback import PARTNER_MINIMUM, PairingFallback, _check_size
 from devplugin.allocation.holdings import Holdings
-from devplugin.allocation.identity import candidates, next_app_container
+from devplugin.allocation.identity import candidates, next_app_container, recorded_containers
 from devplugin.allocation.idsets import gpu_label, group_ids, id_index
 from devplugin.allocation.node import Node
 from devplugin.allocation.pairing import PairingBook
 from devplugin.allocation.placement import RecentShares, pick_units
-from devplugin.allocation.planner import Need, Room, place
-from devplugin.allocation.ports import Grant, HeldDevices, MountProvider, MountSpec, PodLookup, Reporter
+from devplugin.allocation.planner import Need, Room, place, plan_together
+from devplugin.allocation.ports import (
+    Grant,
+    HeldDevices,
+    KubeletListing,
+    MountProvider,
+    MountSpec,
+    PodLookup,
+    Reporter,
+)
 from devplugin.allocation.requests import (
     ContainerRequest,
     PodRequest,
@@ -56,6 +64,7 @@ REFUSED_TTL_S = 300.0  # a refused container is not matched again while its pod 
 # How a pod lookup ends: the cached pods named the container, a direct LIST did, the apiserver answered but no
 # pending container matches, or it did not answer within the budget (the last two place by node-local pairing).
 LOOKUP_OUTCOMES = ("cache", "direct", "not_found", "no_answer")
+PLANNED = "planned with the pod's other containers"  # the source of a GPU chosen by plan_together
 
 
 @dataclass
@@ -77,6 +86,8 @@ class Allocator(PairingFallback, ViewSync):
     # Called (under the lock, must not block) when a container was placed as the likeliest of several asking alike
     # and no later call of it came to confirm it: PodResources should be read soon to name it (NodeSync.poke).
     on_guess: Callable[[], object] = field(default=lambda: None)
+    # Reads the kubelet's PodResources now and syncs the view with it (None when it cannot be asked).
+    read_kubelet: Callable[[], KubeletListing | None] | None = None
 
     def __post_init__(self) -> None:
         self.recent = RecentShares(PARTNER_MINIMUM)
@@ -84,6 +95,7 @@ class Allocator(PairingFallback, ViewSync):
         self.book = PairingBook(self.pair_window_s)
         self._latest: Decision | None = None  # the known container being admitted now
         self._refused: dict[tuple[str, str], float] = {}
+        self._plans: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID -> later app container -> its GPUs
         self._lock = threading.RLock()  # resync() re-enters through reconcile()
 
     # ================================================================== GetPreferredAllocation
@@ -154,6 +166,7 @@ class Allocator(PairingFallback, ViewSync):
         """The pod cache saw a pod finish or go: its units come back."""
         with self._lock:
             gone = self.holdings.drop_pod(pod_uid)
+            self._plans.pop(pod_uid, None)
             if self._latest is not None and self._latest.key and self._latest.key.pod_uid == pod_uid:
                 self._latest = None
             if gone:
@@ -346,6 +359,8 @@ class Allocator(PairingFallback, ViewSync):
             choice, problem = scheduler_choice(pod, container, self.node)
             if problem:
                 self.reporter.warning(pod, "GPUChoiceUnreadable", f"{what}: {problem}; placing by node policy")
+            if choice is None and not container.init:
+                choice = self._pod_plan(pod, container, room, need)
             try:
                 placement = self._with_resync(lambda: place(room, need, choice))
             except NoRoom as exc:
@@ -363,6 +378,36 @@ class Allocator(PairingFallback, ViewSync):
                  source, extra={"fields": {"pod": pod.key, "container": container.name, "gpu": ",".join(dec.gpus),
                                            "request": {k.value: n for k, n in request.items()}}})
         return dec
+
+    def _pod_plan(self, pod: PodRequest, container: ContainerRequest, room: Room, need: Need) -> Choice | None:
+        """Without a scheduler's choice, a pod's app containers are planned together on the first call of the first
+        one (node policy alone could put it on the only GPU with room for a later one); later containers follow the
+        plan as they would a choice (and the node's policy where it no longer fits)."""
+        plan = self._plans.get(pod.uid)
+        if plan is not None and container.name in plan:
+            planned = plan.pop(container.name)
+            if not plan:
+                del self._plans[pod.uid]
+            return Choice(planned, PLANNED)
+        taken = self._taken()
+        recorded = recorded_containers(pod)
+        later = [ct for ct in pod.containers if not ct.init and ct.wants_gpu and ct.position > container.position
+                 and (pod.uid, ct.name) not in taken and ct.name not in recorded]
+        if not later:
+            return None
+        needs = [need]
+        for ct in later:
+            try:
+                _, per_gpu, count = self._request_of(pod, ct)
+            except RequestError:
+                return None  # refused on its own call, with its own message
+            needs.append(Need(per_gpu={k: n for k, n in per_gpu.items() if n and k is not Kind.COUNT}, gpus=count,
+                              whole=bool(ct.count)))
+        together = plan_together(room, needs)
+        if together is None:
+            return None
+        self._plans[pod.uid] = {ct.name: gpus for ct, gpus in zip(later, together[1:], strict=True)}
+        return Choice(together[0], PLANNED)
 
     def _with_resync(self, attempt: Callable[[], T]) -> T:
         """attempt(); on NoRoom, once more after re-reading PodResources (the view may be stale for resources the
@@ -425,10 +470,12 @@ class Allocator(PairingFallback, ViewSync):
         self._log_grant(dec, kind, ids)
         return Grant(dec.gpus, tuple(ids), envs, mounts, dec)
 
-    def _recheck(self, dec: Decision, kind: Kind, groups: Mapping[str, set[str]], ids: Sequence[str]) -> None:
-        """Allocate trusts nothing earlier calls said: no device given twice, no whole GPU with slices on it."""
+    def _recheck(self, dec: Decision, kind: Kind, groups: Mapping[str, set[str]], ids: Sequence[str],
+                 reused: Set[str] = frozenset()) -> None:
+        """Allocate trusts nothing earlier calls said: no device given twice, no whole GPU with slices on it.
+        `reused`: holders whose devices the kubelet hands on to this container (an init container's)."""
         res = self.node.resource_name(kind)
-        allowed = {dec.dir_name}
+        allowed = {dec.dir_name, *reused}
         if dec.reused_from is not None:
             allowed |= {h.holder for h in self.holdings.holders() if h.key == dec.reused_from}
         others = self.holdings.owners(ids) - allowed

@@ -72,6 +72,8 @@ class Decision:
     # the key is the container's own: the only candidate, or named by the kubelet's PodResources; False while it is
     # the likeliest of several containers asking alike (nothing is recorded on a pod for a guess)
     exact: bool = True
+    # anonymous: the pods the kubelet listed when the decision opened (a pod listed since is a later admission)
+    kubelet_pods: frozenset[tuple[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if not self.dir_name:

@@ -4,8 +4,9 @@ kept for a second of recent size. Part of Allocator (allocator.py), which holds 
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, TypeVar
 
 from devplugin.allocation.decision import Decision
@@ -16,10 +17,11 @@ from devplugin.allocation.idsets import gpu_label, id_index
 from devplugin.allocation.node import Node
 from devplugin.allocation.pairing import PairingBook
 from devplugin.allocation.placement import RecentShares, pick_gpu, pick_units, pick_whole_gpus
-from devplugin.allocation.ports import Grant, MountSpec, Reporter
+from devplugin.allocation.ports import Grant, KubeletListing, MountSpec, Reporter
 from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 PARTNER_MINIMUM = {Kind.MEM: 1, Kind.CORE: CORE_STEP}
 
 
@@ -33,13 +35,15 @@ class PairingFallback:
     reporter: Reporter
     healthy: Callable[[str], bool]
     refresh: Callable[[], object] | None
+    read_kubelet: Callable[[], KubeletListing | None] | None
     _lock: threading.RLock
 
     if TYPE_CHECKING:  # Allocator's own, shared with the pod-identity path
         def _with_resync(self, attempt: Callable[[], T]) -> T:
             raise NotImplementedError
 
-        def _recheck(self, dec: Decision, kind: Kind, groups: Mapping[str, set[str]], ids: Sequence[str]) -> None:
+        def _recheck(self, dec: Decision, kind: Kind, groups: Mapping[str, set[str]], ids: Sequence[str],
+                     reused: Set[str] = frozenset()) -> None:
             raise NotImplementedError
 
         def _mounts(self, dec: Decision, kind: Kind, ids: Sequence[str]) -> tuple[MountSpec, ...]:
@@ -56,7 +60,8 @@ class PairingFallback:
         res = self.node.resource_name(kind)
         if len(must) > 1:
             raise RequestError(f"{res}: must-include IDs span {len(must)} GPUs; one container's share is on one GPU")
-        dec = self.book.current(kind, for_allocate=False)
+        dec = self._joined(self.book.current(kind, for_allocate=False), kind)
+        kubelet_pods = None
         if dec is not None:
             target = dec.gpus[0]
             if must and target not in must:
@@ -67,12 +72,15 @@ class PairingFallback:
         elif must:
             target = next(iter(must))
         else:
-            if self.refresh is not None:
-                # placed blind: at least see the other resource as the kubelet does now (one local call)
+            # placed blind: at least see the other resource as the kubelet does now (one local call)
+            kubelet_pods = self._kubelet_pods()
+            if kubelet_pods is None and self.refresh is not None:
                 self.refresh()
             target = self._with_resync(lambda: self._place_anonymous(kind, avail, size))
         free = avail.get(target, set())
         if len(free) < size:
+            if dec is not None and kind not in dec.allocated:
+                self.recent.add(kind, size)  # a second half that did not fit: the next first half keeps room for it
             other = next(iter(dec.preferred or dec.allocated)).value if dec else "request"
             raise PairingConflict(
                 f"{res}: this container asks for {size} but {gpu_label(self.node, target)}, chosen for its "
@@ -82,23 +90,26 @@ class PairingFallback:
         ids = pick_units(free, must.get(target, set()), size, key=id_index(self.node, kind).unit.__getitem__)
         if dec is None:
             dec = self.book.open((target,))
+            dec.kubelet_pods = kubelet_pods if not must else self._kubelet_pods()
         dec.preferred[kind] = ids
         return ids
 
     def _place_anonymous(self, kind: Kind, avail: dict[str, set[str]], size: int) -> str:
-        """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use."""
+        """Choose a GPU for a new container by the node's policy, leaving out GPUs it could not use.
+
+        The other half of the container comes later, its size unknown: among the GPUs with room for this half, only
+        those whose room for the other half would hold the most of what recent containers asked (replicas of one
+        workload ask alike) are considered, then the node's policy picks. When no GPU holds every recent size, this
+        takes the GPU with the most room for the other half: if the container cannot fit there, it fits nowhere."""
         partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
         pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
-        usable = {uuid: len(units) for uuid, units in avail.items()
-                  if not self.holdings.whole(uuid) and self.healthy(uuid)}
-        target = None
-        # The other half of the container comes later, its size unknown: first keep room for what recent
-        # containers asked (replicas of one workload ask alike), then settle for the smallest possible share.
-        for reserve in ((self.recent.reserve(partner), PARTNER_MINIMUM[partner]) if pair else (0,)):
-            room = {u: free for u, free in usable.items() if self.holdings.free(partner, u) >= reserve}
-            target = pick_gpu(self.node, room, size, self.node.placement)
-            if target is not None:
-                break
+        room = {uuid: len(units) for uuid, units in avail.items()
+                if not self.holdings.whole(uuid) and self.healthy(uuid) and len(units) >= size}
+        if pair and room:
+            covered = {uuid: self.recent.covered(partner, self.holdings.free(partner, uuid)) for uuid in room}
+            best = max(covered.values())
+            room = {uuid: free for uuid, free in room.items() if covered[uuid] == best}
+        target = pick_gpu(self.node, room, size, self.node.placement)
         if target is None:
             detail = ", ".join(
                 f"GPU {self.node.by_uuid[u].index}: {len(avail.get(u, []))}"
@@ -139,7 +150,7 @@ class PairingFallback:
                 )
             uuids = (next(iter(groups)),)
             _check_size(self.node, kind, len(ids))
-        dec = self.book.current(kind, for_allocate=True)
+        dec = self._joined(self.book.current(kind, for_allocate=True), kind)
         if dec is not None and dec.gpus != uuids:
             have = next(iter(dec.allocated or dec.preferred))
             raise PairingConflict(
@@ -148,13 +159,15 @@ class PairingFallback:
                 "(retry the pod; if it keeps failing, the GPU it was scheduled for lacks room)"
             )
         target = dec if dec is not None else Decision(gpus=uuids)
-        self._recheck(target, kind, groups, ids)
+        others = self.holdings.owners(ids) - {target.dir_name}
+        self._recheck(target, kind, groups, ids, self._handed_on(kind, ids, others) if others else frozenset())
         trial = Decision(gpus=target.gpus, allocated={**target.allocated, kind: list(ids)}, dir_name=target.dir_name)
         envs = container_envs(self.node, kind, uuids, len(ids))
         mounts = self._mounts(trial, kind, ids)
         shim_envs(envs, mounts)
         if dec is None:
             dec = self.book.adopt(target)
+            dec.kubelet_pods = self._kubelet_pods()
         self.holdings.add(dec.dir_name, None, kind, groups)
         self.book.allocated(dec, kind, list(ids))
         if kind is not Kind.COUNT:
@@ -163,6 +176,55 @@ class PairingFallback:
         self._log_grant(dec, kind, ids)
         return Grant(uuids, tuple(ids), envs, mounts, dec)
 
+
+    def _joined(self, dec: Decision | None, kind: Kind) -> Decision | None:
+        """`dec` if this call of `kind` is its container's other resource, as far as the kubelet's PodResources can
+        tell; None when it is the next container's first. The kubelet puts a pod in its pod manager (which
+        PodResources lists) just before admitting it, one pod at a time: a pod listed now that was not when the
+        decision opened means the decision's pod was done. And the kubelet lists the devices of the decision's first
+        resource until it rejects that container by itself (too few devices of its other resource)."""
+        if dec is None or kind in dec.allocated or kind in dec.preferred or not dec.allocated:
+            return dec
+        listing = self.read_kubelet() if self.read_kubelet is not None else None
+        if listing is None:
+            return dec  # cannot be asked: pair by arrival
+        first = {i for ids in dec.allocated.values() for i in ids}
+        listed = {i for e in listing.containers for ids in e.devices.values() for i in ids if i in first}
+        why = ""
+        if not first <= listed:
+            why = "the kubelet no longer lists its first resource (it rejected that container by itself)"
+        elif dec.kubelet_pods is not None and not listing.pods <= dec.kubelet_pods:
+            later = sorted(listing.pods - dec.kubelet_pods)[0]
+            why = f"the kubelet has moved on to pod {later[0]}/{later[1]}"
+        if not why:
+            return dec
+        log.info("%s: a new container, not the other half of the last one: %s", self.node.resource_name(kind), why,
+                 extra={"fields": {"resource": self.node.resource_name(kind), "state_dir": dec.dir_name}})
+        self.book.close()
+        return None
+
+    def _kubelet_pods(self) -> frozenset[tuple[str, str]] | None:
+        """The pods the kubelet lists now, the node view synced with it (None when it cannot be asked)."""
+        if self.read_kubelet is None:
+            return None
+        listing = self.read_kubelet()
+        return listing.pods if listing is not None else None
+
+    def _handed_on(self, kind: Kind, ids: Sequence[str], holders: Set[str]) -> Set[str]:
+        """`holders` when the kubelet hands their devices on to this container: no live container the kubelet lists
+        holds them (an init container's devices, which the kubelet reuses for the pod's app containers without
+        asking the plugin: PodResources does not list init containers), else nothing (a device given twice)."""
+        listing = self.read_kubelet() if self.read_kubelet is not None else None
+        if listing is None:
+            return frozenset()
+        wanted = set(ids)
+        if any(wanted.intersection(entry.devices.get(kind, ())) for entry in listing.containers):
+            return frozenset()
+        log.info("%s: the kubelet hands devices of an earlier container on to this one (an init container's, "
+                 "reused by an app container of its pod)", self.node.resource_name(kind),
+                 extra={"fields": {"resource": self.node.resource_name(kind), "devices": len(ids),
+                                   "holders": ",".join(sorted(holders))}})
+        return holders
 
 
 def _check_size(node: Node, kind: Kind, size: int, per_gpu: bool = True) -> None:

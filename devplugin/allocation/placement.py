@@ -57,7 +57,7 @@ def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], 
 class RecentShares:
     """What recent containers asked for, per resource: the room to keep for a container's other half."""
 
-    def __init__(self, minimum: Mapping[Kind, int], history: int = 16) -> None:
+    def __init__(self, minimum: Mapping[Kind, int], history: int = 64) -> None:
         self._minimum = dict(minimum)
         self._seen: dict[Kind, deque[int]] = {k: deque(maxlen=history) for k in minimum}
 
@@ -67,3 +67,8 @@ class RecentShares:
     def reserve(self, kind: Kind) -> int:
         """The largest recent request of `kind` (at least the minimum share)."""
         return max(self._seen[kind], default=self._minimum[kind])
+
+    def covered(self, kind: Kind, room: int) -> int:
+        """How many recent requests of `kind` `room` units would hold (the minimum share stands in for none)."""
+        seen = self._seen[kind] or (self._minimum[kind],)
+        return sum(1 for n in seen if n <= room)

@@ -7,7 +7,7 @@ view (holdings) and, for the resource being called, from the kubelet's own `avai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from devplugin.allocation.choice import Choice
@@ -112,3 +112,41 @@ def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
     if override:
         override += f"; placed on {chosen_txt} by the node's {node.placement} policy instead"
     return Placement(gpus, f"{node.placement} policy", override)
+
+
+def plan_together(room: Room, needs: Sequence[Need], budget: int = 20_000) -> list[tuple[str, ...]] | None:
+    """One GPU for each of a pod's shared one-GPU containers such that all of them fit at once (the first need is
+    the container being admitted), each by the node's policy where there is a choice; None when there is no such
+    plan within `budget` steps (or a need is not a shared one-GPU share)."""
+    node = room.node
+    if any(n.whole or n.gpus != 1 for n in needs):
+        return None
+    uuids = [g.uuid for g in node.gpus if room.healthy(g.uuid) and not room.holdings.whole(g.uuid)]
+    free = {(k, u): room.free(k, u) for u in uuids for k in (Kind.MEM, Kind.CORE)}
+    sign = -1 if node.placement == "spread" else 1
+    steps = 0
+    chosen: list[str] = []
+
+    def search(i: int) -> bool:
+        nonlocal steps
+        if i == len(needs):
+            return True
+        need = needs[i]
+        key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
+        fits = [u for u in uuids if all(free[(k, u)] >= n for k, n in need.per_gpu.items() if n)]
+        fits.sort(key=lambda u: (sign * free[(key_kind, u)], node.by_uuid[u].index))
+        for u in fits:
+            steps += 1
+            if steps > budget:
+                return False
+            for k, n in need.per_gpu.items():
+                free[(k, u)] -= n
+            chosen.append(u)
+            if search(i + 1):
+                return True
+            chosen.pop()
+            for k, n in need.per_gpu.items():
+                free[(k, u)] += n
+        return False
+
+    return [(u,) for u in chosen] if search(0) else None

@@ -51,6 +51,16 @@ class HeldDevices(Protocol):
     def devices(self) -> Mapping[Kind, Sequence[str]]: ...
 
 
+class KubeletListing(Protocol):
+    """One read of the kubelet's PodResources: every pod it lists (namespace, name), and the containers holding
+    our devices."""
+
+    @property
+    def pods(self) -> frozenset[tuple[str, str]]: ...
+    @property
+    def containers(self) -> Sequence[HeldDevices]: ...
+
+
 class PodLookup(Protocol):
     """The pods bound to this node (the pod cache)."""
 

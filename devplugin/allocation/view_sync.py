@@ -13,6 +13,7 @@ from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.identity import recorded_containers
 from devplugin.allocation.idsets import group_ids, id_index
 from devplugin.allocation.node import Node
+from devplugin.allocation.placement import RecentShares
 from devplugin.allocation.ports import HeldDevices, Reporter
 from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import Kind
@@ -28,6 +29,7 @@ class ViewSync:
     reporter: Reporter
     _lock: threading.RLock
     _latest: Decision | None
+    recent: RecentShares
 
     def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
                   as_of: float | None = None) -> None:
@@ -60,6 +62,8 @@ class ViewSync:
             if good:
                 self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
                 learned = True
+                if kind is not Kind.COUNT:  # after a restart: what containers here ask guides node-local pairing
+                    self.recent.add(kind, len(good))
         return learned
 
     def _reconcile_one(self, entry: HeldDevices, pod: PodRequest | None) -> bool:

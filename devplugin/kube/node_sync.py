@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.requests import PodRequest
-from devplugin.kube.podresources import list_containers
+from devplugin.kube.podresources import NodeListing, list_node
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,23 @@ class NodeSync:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="node-sync", daemon=True)
 
+    def read(self) -> NodeListing | None:
+        """The pods the kubelet lists now and the containers holding our devices (None when it cannot be asked);
+        no sync."""
+        node = self.allocator.node
+        return list_node(self.socket, {node.resource_name(k): k for k in node.kinds})
+
     def sync(self) -> bool:
         """One round; False when the kubelet's PodResources could not be read."""
-        node = self.allocator.node
+        return self.sync_listing() is not None
+
+    def sync_listing(self) -> NodeListing | None:
+        """One round, returning what the kubelet listed (None when it could not be read)."""
         asked = self.last_attempt = time.monotonic()
-        found = list_containers(self.socket, {node.resource_name(k): k for k in node.kinds})
-        if found is None:
-            return False
+        listing = self.read()
+        if listing is None:
+            return None
+        found = listing.containers
         self.allocator.reconcile(found, self.pods(), as_of=asked)
         self.last_sync = asked
         if not self.synced.is_set():
@@ -54,7 +64,7 @@ class NodeSync:
             log.info("node state known: %d container(s) hold %d device(s)", len(found), held,
                      extra={"fields": {"containers": len(found), "devices": held}})
         self.synced.set()
-        return True
+        return listing
 
     def refresh(self, max_age_s: float = 0.25) -> bool:
         """sync() unless the last one is younger than max_age_s (many admissions a second share one read)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,15 +25,44 @@ class HeldContainer:
     devices: dict[Kind, list[str]]
 
 
-def list_containers(socket_path: str, resources: Mapping[str, Kind],
-                    timeout_s: float = 3.0) -> list[HeldContainer] | None:
-    """Every container holding any of `resources` (full resource name -> kind); None when the kubelet cannot be
-    asked."""
+_channels: dict[str, grpc.Channel] = {}  # one channel per socket, kept: a read is on the admission path
+_channels_lock = threading.Lock()
+
+
+def _list(socket_path: str, timeout_s: float) -> api_pb2.ListPodResourcesResponse:
+    """List over the kept channel; once more over a new one when that fails (the kubelet restarted)."""
+    for attempt in (1, 2):
+        with _channels_lock:
+            channel = _channels.get(socket_path)
+            if channel is None:
+                channel = _channels[socket_path] = grpc.insecure_channel(f"unix://{socket_path}")
+        try:
+            return api_pb2_grpc.PodResourcesListerStub(channel).List(api_pb2.ListPodResourcesRequest(),
+                                                                     timeout=timeout_s)
+        except grpc.RpcError:
+            with _channels_lock:
+                if _channels.get(socket_path) is channel:
+                    del _channels[socket_path]
+            channel.close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class NodeListing:
+    """One PodResources List: every pod the kubelet lists (namespace, name), and the containers holding our
+    devices."""
+
+    pods: frozenset[tuple[str, str]]
+    containers: list[HeldContainer]
+
+
+def list_node(socket_path: str, resources: Mapping[str, Kind], timeout_s: float = 3.0) -> NodeListing | None:
+    """Every pod the kubelet lists and every container holding any of `resources` (full resource name -> kind);
+    None when the kubelet cannot be asked."""
     try:
-        with grpc.insecure_channel(f"unix://{socket_path}") as channel:
-            resp = api_pb2_grpc.PodResourcesListerStub(channel).List(
-                api_pb2.ListPodResourcesRequest(), timeout=timeout_s
-            )
+        resp = _list(socket_path, timeout_s)
     except grpc.RpcError as exc:
         log.warning("PodResources at %s not available (%s): the node's held devices cannot be read yet",
                     socket_path, exc.code().name, extra={"fields": {"socket": socket_path}})
@@ -47,4 +77,12 @@ def list_containers(socket_path: str, resources: Mapping[str, Kind],
                     mine.setdefault(kind, []).extend(dev.device_ids)
             if mine:
                 found.append(HeldContainer(pod.namespace, pod.name, container.name, mine))
-    return found
+    return NodeListing(frozenset((p.namespace, p.name) for p in resp.pod_resources), found)
+
+
+def list_containers(socket_path: str, resources: Mapping[str, Kind],
+                    timeout_s: float = 3.0) -> list[HeldContainer] | None:
+    """Every container holding any of `resources` (full resource name -> kind); None when the kubelet cannot be
+    asked."""
+    listing = list_node(socket_path, resources, timeout_s)
+    return listing.containers if listing is not None else None
