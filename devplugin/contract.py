@@ -183,6 +183,7 @@ CORE_PER_GPU = 100
 # --- Node labels (set by the operator) ------------------------------------------------------------------------
 LABEL_MODE = "ack.node.gpu.schedule"  # core_mem | cgpu | share
 LABEL_PLACEMENT = "ack.node.gpu.placement"  # binpack | spread
+LABEL_WHOLE_GPUS = "gpushare.io/whole-gpus"  # N: the node's last N GPUs serve gpu-count only, the others slices only
 LEGACY_MODE_LABELS = {"gpushare": "share", "cgpu": "cgpu"}  # <label>=true on older nodes
 MODES = ("core_mem", "cgpu", "share")
 PLACEMENTS = ("binpack", "spread")

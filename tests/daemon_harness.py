@@ -52,6 +52,7 @@ class Running:
     node_name: str = "gpu-node"
     metrics: NodeMetrics | None = None
     http: HealthServer | None = None  # /healthz, /readyz and /metrics, when running(health_port=...) asked for it
+    whole_gpus: int = 0  # the last N GPUs kept for gpu-count (the node label gpushare.io/whole-gpus)
 
     @property
     def http_url(self) -> str:
@@ -90,7 +91,8 @@ class Running:
         assert self.nd is not None
         self.nd.stop()
         cfg = self.daemon_config
-        self.nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), self.nd.link, self.metrics)
+        self.nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), self.nd.link, self.metrics,
+                        self.whole_gpus)
         self.daemon, self.health = self.nd.daemon, self.nd.health
         self.nd.start()
 
@@ -152,7 +154,7 @@ def close_link(link: KubeLink) -> None:
 
 @contextmanager
 def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: FakeApiserver | None = None,
-            node_name: str = "gpu-node", kubelet_pod_resources: Path | None = None,
+            node_name: str = "gpu-node", kubelet_pod_resources: Path | None = None, whole_gpus: int = 0,
             **overrides: object) -> Iterator[Running]:
     """The daemon on a fake node with a kubelet emulator; `kubelet_pod_resources` serves the kubelet's PodResources
     somewhere else than where the daemon looks (a kubelet without it). `health_port=` (0: a free one) serves
@@ -173,7 +175,7 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
     kubelet.start()
     link = link_to(apiserver, node_name, cfg.resource_domain) if apiserver is not None else KubeLink()
     metrics = NodeMetrics(lambda: link, cfg.node_name)
-    nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link, metrics)
+    nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link, metrics, whole_gpus)
     nd.start()
     r = None
     http = None
@@ -182,7 +184,7 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
             http = HealthServer(cfg.health_port, lambda: (link.current or nd).ready(), host="127.0.0.1",
                                 registry=metrics.registry, alive=lambda: (link.current or nd).alive()).start()
         r = Running(root, driver, kubelet, nd.daemon, nd.health, Path(cfg.plugin_dir),
-                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name, metrics, http)
+                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name, metrics, http, whole_gpus)
         yield r
     finally:
         if http is not None:

@@ -30,6 +30,7 @@ class Node:
     placement: str = "binpack"
     unit: MemUnit = MemUnit(1024)
     domain: str = "aliyun.com"
+    whole_gpus: int = 0  # > 0: the last N GPUs (by index) are kept for gpu-count, the others for slices
     by_uuid: dict[str, GPU] = field(init=False, repr=False, compare=False)
     memo: dict = field(init=False, repr=False, compare=False)  # derived tables, built once (idsets.id_index)
 
@@ -42,6 +43,16 @@ class Node:
         object.__setattr__(self, "memo", {})
         if len(self.by_uuid) != len(self.gpus):
             raise ValueError("two GPUs report the same UUID; check the driver")
+        if not 0 <= self.whole_gpus <= len(self.gpus):
+            raise ValueError(f"{self.whole_gpus} GPUs kept whole, but the node has {len(self.gpus)}")
+
+    def kept_whole(self, uuid: str) -> bool | None:
+        """With GPUs kept for gpu-count (whole_gpus > 0): whether this one is (True) or serves slices (False);
+        None when no GPU is kept."""
+        if not self.whole_gpus:
+            return None
+        kept = sorted(self.gpus, key=lambda g: g.index)[-self.whole_gpus:]
+        return any(g.uuid == uuid for g in kept)
 
     @property
     def kinds(self) -> tuple[Kind, ...]:

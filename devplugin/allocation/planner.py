@@ -54,6 +54,9 @@ class Room:
     def fits(self, uuid: str, need: Need) -> bool:
         if not self.healthy(uuid) or self.holdings.whole(uuid):
             return False
+        kept = self.node.kept_whole(uuid)
+        if kept is not None and kept != need.whole:
+            return False
         if need.whole:
             return not self.holdings.shared(uuid) and self.free(Kind.COUNT, uuid) > 0
         return all(self.free(kind, uuid) >= n for kind, n in need.per_gpu.items() if n)

@@ -129,12 +129,14 @@ class NodeDaemon:
 
 
 def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: MountProvider | None = None,
-          link: KubeLink | None = None, metrics: NodeMetrics | None = None) -> NodeDaemon:
+          link: KubeLink | None = None, metrics: NodeMetrics | None = None, whole_gpus: int = 0) -> NodeDaemon:
     """All parts for this node; ValueError / UnitTooFine on settings that cannot be served. `metrics` hears
-    every admission call and pod lookup."""
+    every admission call and pod lookup; `whole_gpus`: the last N GPUs are kept for gpu-count (node label
+    gpushare.io/whole-gpus)."""
     unit = cfg.unit()
     check_message_size(gpus, unit)
-    node = Node(gpus=tuple(gpus), mode=mode, placement=placement, unit=unit, domain=cfg.resource_domain)
+    node = Node(gpus=tuple(gpus), mode=mode, placement=placement, unit=unit, domain=cfg.resource_domain,
+                whole_gpus=whole_gpus)
     for gpu in gpus:
         log.info("GPU %d: %s, %d MiB, %s", gpu.index, gpu.name, gpu.memory_bytes >> 20, gpu.uuid,
                  extra={"fields": {"gpu": gpu.uuid, "gpu_index": gpu.index, "numa": gpu.numa_node}})

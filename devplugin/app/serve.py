@@ -25,7 +25,7 @@ from devplugin.contract import LABEL_MODE, LABEL_PLACEMENT
 from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
-from devplugin.kube.labels import NodeSettings, mode_from_labels
+from devplugin.kube.labels import NodeSettings, mode_from_labels, whole_gpus_from_labels
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,17 @@ def connect(cfg: Config, on_labels: Callable[[dict[str, str]], None] | None = No
     return KubeLink(pods=pods, node_watch=watch, writer=writer)
 
 
-def settings_from(labels: dict[str, str] | None, cfg: Config) -> NodeSettings | None:
-    """The node's mode and placement: its labels when they are known, else the flags; None when neither says."""
+def settings_from(labels: dict[str, str] | None, cfg: Config, gpus: int = 0) -> NodeSettings | None:
+    """The node's mode and placement (and GPUs kept for gpu-count, of `gpus`): its labels when they are known,
+    else the flags; None when neither says."""
     if labels is not None:
         mode = mode_from_labels(labels)
         placement = labels.get(LABEL_PLACEMENT, cfg.placement)
+        whole, problem = whole_gpus_from_labels(labels, gpus)
         if mode is not None:
-            return NodeSettings(mode, placement, f"node label {LABEL_MODE}={mode}")
+            return NodeSettings(mode, placement, f"node label {LABEL_MODE}={mode}", whole, problem)
         if cfg.mode:
-            return NodeSettings(cfg.mode, placement, f"flag --mode (node has no {LABEL_MODE} label)")
+            return NodeSettings(cfg.mode, placement, f"flag --mode (node has no {LABEL_MODE} label)", whole, problem)
         return NodeSettings("", placement, f"node has no {LABEL_MODE} label and no --mode was given")
     if cfg.mode:
         return NodeSettings(cfg.mode, cfg.placement, "flag --mode (apiserver not reachable)")
@@ -92,8 +94,9 @@ class Supervisor:
     def on_labels(self, labels: dict[str, str]) -> None:
         if self.settings is None:  # the first read: _initial_settings takes it from the watch
             return
-        wanted = settings_from(labels, self.cfg)
-        if wanted is None or (wanted.mode, wanted.placement) == (self.settings.mode, self.settings.placement):
+        wanted = settings_from(labels, self.cfg, len(self.gpus))
+        if wanted is None or (wanted.mode, wanted.placement, wanted.whole_gpus) == (
+                self.settings.mode, self.settings.placement, self.settings.whole_gpus):
             self.wanted = None
             return
         self.wanted = wanted
@@ -134,8 +137,10 @@ class Supervisor:
                 self._wait_for_change(None)
                 continue
             try:
+                if self.settings.problem:
+                    log.warning("%s", self.settings.problem, extra={"fields": {"node": self.cfg.node_name}})
                 self.current = build(self.cfg, self.gpus, self.settings.mode, self.settings.placement, self.mounts,
-                                     self.link, self.metrics)
+                                     self.link, self.metrics, self.settings.whole_gpus)
             except (UnitTooFine, ValueError) as exc:
                 log.error("cannot serve: %s", exc)
                 return EXIT_CONFIG
@@ -166,7 +171,7 @@ class Supervisor:
         delay = self.cfg.apiserver_timeout
         while not self.stop_event.is_set():
             if watch is not None and watch.synced.wait(delay):
-                return settings_from(watch.labels(), self.cfg)
+                return settings_from(watch.labels(), self.cfg, len(self.gpus))
             fallback = settings_from(None, self.cfg)
             if fallback is not None:
                 log.warning("node labels could not be read within %.1f s: using --mode %s and --placement %s until "

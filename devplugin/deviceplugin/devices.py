@@ -41,7 +41,9 @@ class DeviceBoard:
 
     def _health(self, kind: Kind, uuid: str, occupancy: dict[str, str]) -> str:
         held_other_way = occupancy.get(uuid) == (SHARED if kind is Kind.COUNT else WHOLE)
-        return UNHEALTHY if uuid in self._unhealthy or held_other_way else HEALTHY
+        kept = self._node.kept_whole(uuid)  # GPUs kept for one way: never offered the other way
+        other_way = kept is not None and kept != (kind is Kind.COUNT)
+        return UNHEALTHY if uuid in self._unhealthy or held_other_way or other_way else HEALTHY
 
     def _changed(self, kinds: tuple[Kind, ...] | list[Kind]) -> None:
         """Rebuild these resources' messages and wake their streams (under the condition's lock)."""
