@@ -79,7 +79,8 @@ def test_overlays_add_up() -> None:
 
     node, extender, second = (kinds(n) for n in OVERLAYS)
     assert ("DaemonSet", "gpushare-devplugin") in node
-    assert {k for k, _ in node} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
+    assert {k for k, _ in node} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
+                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     assert node < extender < second
     assert {("Deployment", "devplugin-scheduler"), ("ValidatingWebhookConfiguration", "devplugin-scheduler"),
             ("MutatingWebhookConfiguration", "devplugin-scheduler"), ("Certificate", "devplugin-scheduler")} <= extender
