@@ -94,6 +94,7 @@ bench: all
 	$(PY) bench/admission.py --pods --admissions 1000
 	-$(PY) bench/churn.py
 	$(PY) bench/restart_and_health.py
+	$(PY) bench/metrics_scrape.py
 	$(PY) bench/shim_overhead.py
 	$(PY) bench/scheduler.py
 

@@ -182,7 +182,8 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
     try:
         if serve_http:
             http = HealthServer(cfg.health_port, lambda: (link.current or nd).ready(), host="127.0.0.1",
-                                registry=metrics.registry, alive=lambda: (link.current or nd).alive()).start()
+                                registry=metrics.registry, alive=lambda: (link.current or nd).alive(),
+                                extra=metrics.container_exposition).start()
         r = Running(root, driver, kubelet, nd.daemon, nd.health, Path(cfg.plugin_dir),
                     Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name, metrics, http, whole_gpus)
         yield r

@@ -174,3 +174,22 @@ def test_a_hostile_usage_file_changes_only_its_own_figures(r: Running) -> None:
             assert resp.status == 200
         with urllib.request.urlopen(r.http_url + "/readyz", timeout=5) as resp:
             assert resp.status == 200
+
+
+def test_the_exposition_parses_back_whatever_the_labels_hold() -> None:
+    from devplugin.app.usage_metrics import families, render
+    from devplugin.isolation.container_usage import ContainerGpuUse
+
+    odd = 'a "quoted"\\ back\nslash'
+    rows = [ContainerGpuUse(namespace="ns", pod=odd, container="c", gpu=3, uuid="GPU-x", memory_limit=2 * GiB,
+                            compute_share=30, memory_used=GiB, compute_used=None, refused=7, throttled_s=1.25,
+                            processes=2, error=f"cannot open usage.cache: {odd}")]
+    parsed = {s.name: s for fam in text_string_to_metric_families(render("n1", rows).decode()) for s in fam.samples}
+    assert {f.name for f in text_string_to_metric_families(render("n1", []).decode())} == {
+        name.removesuffix("_total") for name in families()}
+    assert parsed["gpushare_container_memory_used_bytes"].labels == {
+        "node": "n1", "namespace": "ns", "pod": odd, "container": "c", "gpu": "3", "uuid": "GPU-x"}
+    assert parsed["gpushare_container_memory_refusals_total"].value == 7
+    assert parsed["gpushare_container_throttled_seconds_total"].value == 1.25
+    assert "gpushare_container_compute_used_percent" not in parsed  # not measured: no sample
+    assert parsed["gpushare_container_usage_unreadable"].labels["reason"].endswith(odd)

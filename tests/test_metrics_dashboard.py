@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from devplugin.app import usage_metrics
 from devplugin.app.metrics import NodeMetrics
 from devplugin.scheduler.metrics import SchedulerMetrics
 from devplugin.scheduler.state import ClusterState
@@ -25,6 +26,7 @@ def families() -> dict[str, str]:
     for registry in (NodeMetrics(lambda: None).registry, SchedulerMetrics(ClusterState()).registry):
         for family in registry.collect():
             out[family.name] = family.type
+    out.update(usage_metrics.families())  # the per-container families, rendered beside the node daemon's registry
     return out
 
 

@@ -1,5 +1,6 @@
 """`/healthz` (the process answers and its worker threads run) and `/readyz` (the node daemon serves), for the
-DaemonSet's probes, and `/metrics` (Prometheus's text format) when given a registry.
+DaemonSet's probes, and `/metrics` (Prometheus's text format) when given a registry (and `extra`, text appended
+to it: the per-container families).
 
 A plain threaded HTTP server from the standard library: three fixed GET paths need no framework.
 """
@@ -22,7 +23,8 @@ class HealthServer:
     """Serves on `port` (0 picks a free one: see .port) until stop()."""
 
     def __init__(self, port: int, ready: Ready, host: str = "0.0.0.0",
-                 registry: CollectorRegistry | None = None, alive: Ready | None = None) -> None:
+                 registry: CollectorRegistry | None = None, alive: Ready | None = None,
+                 extra: Callable[[], bytes] | None = None) -> None:
         self.ready = ready
         self.alive = alive
         self.registry = registry
@@ -35,7 +37,8 @@ class HealthServer:
                 content_type = "text/plain; charset=utf-8"
                 if self.path == "/metrics" and outer.registry is not None:
                     try:
-                        code, body, content_type = 200, generate_latest(outer.registry), CONTENT_TYPE_LATEST
+                        body = generate_latest(outer.registry) + (extra() if extra is not None else b"")
+                        code, content_type = 200, CONTENT_TYPE_LATEST
                     except Exception as exc:  # a scrape must answer; the daemon goes on
                         log.exception("collecting metrics failed")
                         code, body = 500, f"collecting metrics failed: {exc}\n".encode()

@@ -8,7 +8,8 @@ Two kinds of figures:
   which are atomic), so admissions pay nothing for it.
 
 - per-container GPU use (devplugin/app/usage_metrics.py), read at scrape time from each held container's usage
-  file.
+  file and written out by its own renderer (container_exposition), which the health server appends to the
+  registry's exposition.
 
 Every metric lives in the daemon's own CollectorRegistry (not the process-global one), so several daemons can run
 in one process (tests) and the exposition holds only this daemon's figures.
@@ -26,7 +27,7 @@ from prometheus_client.registry import Collector
 from devplugin.allocation.allocator import LOOKUP_OUTCOMES
 from devplugin.allocation.errors import RequestError
 from devplugin.allocation.units import Kind
-from devplugin.app.usage_metrics import ContainerUseCollector
+from devplugin.app import usage_metrics
 
 if TYPE_CHECKING:
     from devplugin.app.node_daemon import KubeLink, NodeDaemon
@@ -63,7 +64,11 @@ class NodeMetrics:
         self._lookup = {o: self.lookups.labels(node_name, o) for o in LOOKUP_OUTCOMES}
         self._timers: dict[tuple[str, str], Histogram] = {}  # (call, resource) -> its series, looked up once
         self.registry.register(NodeCollector(link, node_name))
-        self.registry.register(ContainerUseCollector(link, node_name))
+        self._link = link
+
+    def container_exposition(self) -> bytes:
+        """The per-container families (usage_metrics.py), appended to the registry's on /metrics."""
+        return usage_metrics.exposition(self._link, self.node_name)
 
     # ------------------------------------------------------------------ AdmissionObserver
     def answered(self, call: str, resource: str, seconds: float) -> None:

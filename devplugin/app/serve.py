@@ -219,7 +219,8 @@ def run(cfg: Config) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    server = (HealthServer(cfg.health_port, sup.ready, registry=sup.metrics.registry, alive=sup.alive).start()
+    server = (HealthServer(cfg.health_port, sup.ready, registry=sup.metrics.registry, alive=sup.alive,
+                           extra=sup.metrics.container_exposition).start()
               if cfg.health_port else None)
     try:
         return sup.run()

@@ -9,12 +9,9 @@ few hundred containers a node, each on 1..16 GPUs (docs/metrics.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from devplugin.isolation.container_usage import ContainerGpuUse, container_use
 from devplugin.isolation.shim_files import ShimPaths
@@ -28,47 +25,60 @@ PREFIX = "gpushare_container_"
 LABELS = ["node", "namespace", "pod", "container", "gpu", "uuid"]
 
 
-class _Families:
-    def __init__(self) -> None:
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
-
-        self.mem_used = gauge("memory_used_bytes", "GPU memory the container's live processes hold (the shim's "
-                              "accounting), in bytes")
-        self.mem_limit = gauge("memory_limit_bytes", "GPU memory the container was given, in bytes (a GPU held "
-                               "whole: all of it)")
-        self.compute_used = gauge("compute_used_percent", "Percent of the GPU's time the container's launches took "
-                                  "over the shim's last measurement (about 100 ms); only for containers with a "
-                                  "compute share below 100")
-        self.share = gauge("compute_share_percent", "Percent of the GPU's compute the container was given (100: no "
-                           "compute limit)")
-        self.refused = CounterMetricFamily(PREFIX + "memory_refusals", "Allocations refused because the "
-                                           "container was at its memory cap", labels=LABELS)
-        self.throttled = CounterMetricFamily(PREFIX + "throttled_seconds", "Time the container's launches waited "
-                                             "for its compute share, summed over its threads", labels=LABELS)
-        self.processes = gauge("processes", "Processes of the container registered in its usage file (CUDA users)")
-        self.unreadable = GaugeMetricFamily(
-            PREFIX + "usage_unreadable", "1 when the container's usage file cannot be read (the reason says why; "
-            "its figures then show 0)", labels=LABELS + ["reason"])
-
-    def all(self) -> list[Metric]:
-        return [self.mem_used, self.mem_limit, self.compute_used, self.share, self.refused, self.throttled,
-                self.processes, self.unreadable]
+# (family, type, help, ContainerGpuUse attribute); counters' samples end in _total.
+FAMILIES: tuple[tuple[str, str, str, str], ...] = (
+    ("memory_used_bytes", "gauge", "GPU memory the container's live processes hold (the shim's accounting), in bytes",
+     "memory_used"),
+    ("memory_limit_bytes", "gauge", "GPU memory the container was given, in bytes (a GPU held whole: all of it)",
+     "memory_limit"),
+    ("compute_used_percent", "gauge", "Percent of the GPU's time the container's launches took over the shim's last "
+     "measurement (about 100 ms); only for containers with a compute share below 100", "compute_used"),
+    ("compute_share_percent", "gauge", "Percent of the GPU's compute the container was given (100: no compute limit)",
+     "compute_share"),
+    ("memory_refusals", "counter", "Allocations refused because the container was at its memory cap", "refused"),
+    ("throttled_seconds", "counter", "Time the container's launches waited for its compute share, summed over its "
+     "threads", "throttled_s"),
+    ("processes", "gauge", "Processes of the container registered in its usage file (CUDA users)", "processes"),
+)
+UNREADABLE = (PREFIX + "usage_unreadable", "1 when the container's usage file cannot be read (the reason says why; "
+              "its figures then show 0)")
 
 
-def add_rows(f: _Families, node_name: str, rows: list[ContainerGpuUse]) -> None:
-    for r in rows:
-        labels = [node_name, r.namespace, r.pod, r.container, str(r.gpu), r.uuid]
-        f.mem_used.add_metric(labels, r.memory_used)
-        f.mem_limit.add_metric(labels, r.memory_limit)
-        if r.compute_used is not None:
-            f.compute_used.add_metric(labels, r.compute_used)
-        f.share.add_metric(labels, r.compute_share)
-        f.refused.add_metric(labels, r.refused)
-        f.throttled.add_metric(labels, r.throttled_s)
-        f.processes.add_metric(labels, r.processes)
+def families() -> dict[str, str]:
+    """{family name: type} of every per-container metric (for the docs' and the dashboard's checks)."""
+    out = {PREFIX + name: kind for name, kind, _, _ in FAMILIES}
+    out[UNREADABLE[0]] = "gauge"
+    return out
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return repr(float(value))  # the figures are finite: clamped when read (usage_file.py)
+
+
+def render(node_name: str, rows: list[ContainerGpuUse]) -> bytes:
+    """The per-container families in Prometheus's text format (0.0.4). Written out here rather than through
+    prometheus_client's generic writer: each row's label set is escaped once for all its metrics, which makes a
+    node of 110 containers about thirty times cheaper to expose (bench/metrics_scrape.py)."""
+    labels = [",".join(f'{k}="{_escape(v)}"' for k, v in zip(LABELS, (
+        node_name, r.namespace, r.pod, r.container, str(r.gpu), r.uuid), strict=True)) for r in rows]
+    out: list[str] = []
+    for name, kind, doc, attr in FAMILIES:
+        full = PREFIX + name
+        out.append(f"# HELP {full} {doc}\n# TYPE {full} {kind}\n")
+        sample = full + ("_total" if kind == "counter" else "")
+        for r, lab in zip(rows, labels, strict=True):
+            value = getattr(r, attr)
+            if value is not None:
+                out.append(f"{sample}{{{lab}}} {_number(value)}\n")
+    out.append(f"# HELP {UNREADABLE[0]} {UNREADABLE[1]}\n# TYPE {UNREADABLE[0]} gauge\n")
+    for r, lab in zip(rows, labels, strict=True):
         if r.error:
-            f.unreadable.add_metric(labels + [r.error], 1)
+            out.append(f'{UNREADABLE[0]}{{{lab},reason="{_escape(r.error)}"}} 1.0\n')
+    return "".join(out).encode()
 
 
 def current_use(nd: NodeDaemon, paths: ShimPaths) -> list[ContainerGpuUse]:
@@ -78,23 +88,15 @@ def current_use(nd: NodeDaemon, paths: ShimPaths) -> list[ContainerGpuUse]:
     return container_use(nd.node, nd.allocator.holdings.holders(), paths)
 
 
-class ContainerUseCollector(Collector):
-    """Per-container use of the daemon serving now, read at scrape time."""
-
-    def __init__(self, link: Callable[[], KubeLink | None], node_name: str) -> None:
-        self.link = link
-        self.node_name = node_name
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(_Families().all())
-
-    def collect(self) -> Iterator[Metric]:
-        f = _Families()
-        link = self.link()
-        nd = link.current if link is not None else None
-        if nd is not None:
-            try:
-                add_rows(f, self.node_name, current_use(nd, ShimPaths(host_root=Path(nd.cfg.shim_state_dir))))
-            except (OSError, ValueError) as exc:  # the node's figures must not fail the scrape
-                log.warning("reading per-container GPU use failed: %s", exc, extra={"fields": {"node": self.node_name}})
-        return iter(f.all())
+def exposition(link: Callable[[], KubeLink | None], node_name: str) -> bytes:
+    """The per-container families of the daemon serving now, read at scrape time (empty families while none
+    serves). A failure to read the node's figures is logged and gives empty families: the scrape goes on."""
+    current = link()
+    nd = current.current if current is not None else None
+    rows: list[ContainerGpuUse] = []
+    if nd is not None:
+        try:
+            rows = current_use(nd, ShimPaths(host_root=Path(nd.cfg.shim_state_dir)))
+        except (OSError, ValueError) as exc:
+            log.warning("reading per-container GPU use failed: %s", exc, extra={"fields": {"node": node_name}})
+    return render(node_name, rows)

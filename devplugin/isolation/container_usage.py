@@ -5,8 +5,10 @@ file (usage_file.py). Read at scrape time; bounded by the node's containers time
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from devplugin.allocation.holdings import Holding
 from devplugin.allocation.node import Node
@@ -45,7 +47,7 @@ def container_use(node: Node, holdings: Iterable[Holding], paths: ShimPaths) -> 
         if not gpus:
             continue
         biggest = max(by_uuid[u.lower()].memory_bytes for u in gpus)
-        usage = read_usage_file(usage_file_path(paths, h.holder), biggest)
+        usage = read_usage_file(_usage_path(str(paths.host_root), h.holder), biggest)
         key = h.key
         namespace, pod = (key.namespace, key.pod) if key else ("", "")
         container = key.container if key else h.holder
@@ -66,6 +68,12 @@ def container_use(node: Node, holdings: Iterable[Holding], paths: ShimPaths) -> 
                 processes=usage.processes, error=usage.error))
     rows.sort(key=lambda r: (r.gpu, r.namespace, r.pod, r.container))
     return rows
+
+
+@functools.lru_cache(maxsize=4096)
+def _usage_path(host_root: str, holder: str) -> str:
+    """usage_file_path as a string, once per container (a scrape reads every container's file)."""
+    return str(usage_file_path(ShimPaths(host_root=Path(host_root)), holder))
 
 
 def _compute_used(figures: GpuFigures | None, error: str, share: int) -> int | None:

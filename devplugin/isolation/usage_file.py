@@ -46,7 +46,7 @@ class UsageFile:
     error: str = ""  # why the file could not be read ("" when it was, or when there is none yet)
 
 
-def read_usage_file(path: Path, memory_max: int) -> UsageFile:
+def read_usage_file(path: str | Path, memory_max: int) -> UsageFile:
     """The figures of the file at `path`; an empty UsageFile when there is none (the container has not used CUDA
     yet), one with `error` set when it cannot be trusted. `memory_max` clamps memory figures (the GPU's size)."""
     try:
@@ -55,18 +55,18 @@ def read_usage_file(path: Path, memory_max: int) -> UsageFile:
         return UsageFile()
     except OSError as exc:
         why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-        return UsageFile(error=f"cannot open {path.name}: {why}")
+        return UsageFile(error=f"cannot open {os.path.basename(path)}: {why}")
     except ValueError as exc:
         return UsageFile(error=str(exc))
     return parse_usage(data, memory_max)
 
 
-def _read_bounded(path: Path) -> bytes:
+def _read_bounded(path: str | Path) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name} is not a plain file")
+            raise ValueError(f"{os.path.basename(path)} is not a plain file")
         return os.pread(fd, c.USAGE_FILE_SIZE, 0)
     finally:
         os.close(fd)
