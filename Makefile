@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BUILD  := build
 
+.PHONY: test-torch bench-cuda
 .PHONY: all demo demo-cluster test lint proto contract native bench clean manifests helm e2e-bin e2e-go-check
 
 all: native $(VENV)/.installed
@@ -42,6 +43,23 @@ test: all helm e2e-bin
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# PyTorch (its CUDA 13.0 build, 3 GB) in a venv of its own, and the tests that run it under the shim over the fake
+# driver (tests/test_torch.py). Not part of `make test`: the download and install take 6 to 11 minutes on a cold
+# 2-core machine (README.md, "What a first run costs").
+TORCH_VENV := .venv-torch
+$(TORCH_VENV)/.installed: requirements-torch.txt
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TORCH_VENV)/bin/python -m pip install -q -r requirements-torch.txt
+	touch $@
+
+test-torch: all $(TORCH_VENV)/.installed
+	$(PY) -m pytest -q -m torch tests/test_torch.py
+
+# The shim's cost on real CUDA runtime calls and on PyTorch's allocator (docs/benchmarks.md).
+bench-cuda: all $(TORCH_VENV)/.installed
+	$(PY) bench/cuda_runtime_overhead.py --torch $(TORCH_VENV)/bin/python
 
 # The real Kubernetes components the realk8s tests run (e2e/README.md), built into e2e/bin/ only when missing or
 # when e2e's Go sources, go.mod or go.sum changed. Go's build cache makes a rebuild quick; a cold build takes

@@ -205,7 +205,8 @@ class _Proc(ctypes.Structure):
         ("queued_ns", ctypes.c_uint64),
         ("busy_ns", ctypes.c_uint64),
         ("sampled_busy_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 3),
+        ("mem_used_bytes", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 2),
         ("samples", _Sample * PROC_SAMPLES),
     ]
 

@@ -96,7 +96,8 @@ struct fake_gpu_proc {              /* 64 + 16 * FAKE_GPU_PROC_SAMPLES bytes */
     uint64_t queued_ns;             /* kernel time queued */
     uint64_t busy_ns;               /* kernel time run so far (up to the GPU's settled_at) */
     uint64_t sampled_busy_ns;       /* busy_ns at the last sample */
-    uint64_t reserved[3];
+    uint64_t mem_used_bytes;        /* device memory the process holds on this GPU (NVML's usedGpuMemory) */
+    uint64_t reserved[2];
     struct fake_gpu_sample samples[FAKE_GPU_PROC_SAMPLES];
 };
 

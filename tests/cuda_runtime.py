@@ -9,21 +9,16 @@ once per cudart kind into build/cuda; the probe prints one JSON object per step 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from devplugin_sim import cuda_toolkit
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 from tests.shim_probe import BUILD, REPO, Node, require_built
 
-CUDA_DIR = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" \
-    / "nvidia" / "cu13"
-NVCC = CUDA_DIR / "bin" / "nvcc"
-CUDART_LIB = CUDA_DIR / "lib"
 PROBE_SOURCE = REPO / "tests" / "cuda" / "rt_probe.cu"
 OUT = BUILD / "cuda"
 MiB = 1 << 20
@@ -32,26 +27,10 @@ GiB = 1 << 30
 
 def runtime_probe(cudart: str) -> Path:
     """The probe built against `static` or `shared` cudart (rebuilt when its source is newer)."""
-    if cudart not in ("static", "shared"):
-        raise ValueError(f"cudart is static or shared, not {cudart!r}")
-    if not NVCC.exists():
-        pytest.fail(f"nvcc is not installed at {NVCC}: run `make all` (the test extra installs nvidia-cuda-nvcc)")
-    OUT.mkdir(parents=True, exist_ok=True)
-    program = OUT / f"rt_probe_{cudart}"
-    if program.exists() and program.stat().st_mtime >= PROBE_SOURCE.stat().st_mtime:
-        return program
-    link = OUT / "link"  # the wheel ships libcudart.so.13 without the libcudart.so that -lcudart needs
-    link.mkdir(exist_ok=True)
-    (link / "libcudart.so").unlink(missing_ok=True)
-    (link / "libcudart.so").symlink_to(CUDART_LIB / "libcudart.so.13")
-    tmp = program.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [str(NVCC), "-arch=sm_80", f"-cudart={cudart}", f"-L{link}", f"-L{CUDART_LIB}",
-           f"-Xlinker=-rpath={CUDART_LIB}", "-o", str(tmp), str(PROBE_SOURCE)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(f"nvcc failed: {' '.join(cmd)}\n{proc.stderr}")
-    tmp.replace(program)
-    return program
+    try:
+        return cuda_toolkit.build(PROBE_SOURCE, OUT / f"rt_probe_{cudart}", cudart)
+    except cuda_toolkit.ToolkitError as e:
+        pytest.fail(str(e))
 
 
 @dataclass

@@ -1,5 +1,5 @@
-/* The fake libcuda.so.1: the slice of the CUDA driver API (cuda.h, CUDA 12/13 ABI) that the isolation shim
- * hooks and its tests call, over simulated GPUs.
+/* The fake libcuda.so.1: the CUDA driver API (cuda.h, CUDA 12/13 ABI) that the isolation shim hooks, its tests
+ * call, and NVIDIA's runtime, CuPy and PyTorch need to start and work, over simulated GPUs.
  *
  * Which GPUs exist comes from the fake NVML's config ($FAKE_NVML_CONFIG, fakes/fake_gpu_config.h), so both
  * fakes describe the same node; CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them as the real
@@ -9,6 +9,10 @@
  *   FAKE_CUDA_NS_PER_BLOCK      simulated kernel time per thread block (default 0: kernels take no time)
  *   FAKE_CUDA_QUEUE_US          work a stream may queue before a launch blocks (default 1000)
  *   FAKE_CUDA_CONTEXT_DELAY_MS  how long creating a process's first context on a GPU takes (default 0)
+ *   FAKE_CUDA_HOST_BACKED       1: device memory is real memory, copies round-trip (fake_cuda_memory.c)
+ *   FAKE_CUDA_PRIMARY_CTX_VIA_EXPORT  1: the runtime's private table gets the primary context through the
+ *                               exported cuDevicePrimaryCtxRetain (default: inside the driver, fake_cuda_export.c)
+ *   FAKE_CUDA_TRACE             1: print lookups the fake cannot answer, export tables and integrity checks
  * Kernels of every process run on one shared timeline per GPU in the state file (fake_gpu_timeline.h), from
  * which the fake NVML reports the GPU's and each process context's utilisation; a context registers the
  * process there (NVML lists it under pid + host_pid_offset).
@@ -67,6 +71,8 @@ uint64_t fake_env_u64(const char *name, uint64_t dflt);
 void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low);
 /* Wait until the simulated GPU has finished the work this process queued on dev. */
 void fake_sim_drain(int dev);
+/* Count bytes (negative: given back) as this process's device memory on dev, which NVML lists per process. */
+void fake_sim_mem(int dev, int64_t bytes);
 /* Register this process's context on dev with the simulated GPU (NVML lists it from then on). */
 void fake_sim_attach(int dev);
 

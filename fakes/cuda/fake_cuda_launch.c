@@ -15,6 +15,24 @@ static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
 static uint64_t ns_per_block, queue_ns;
 static int proc_index[FAKE_CUDA_MAX_DEVICES]; /* this process's procs[] entry per CUDA ordinal, + 1; 0 = none */
 static uint64_t last_end[FAKE_CUDA_MAX_DEVICES]; /* when this process's queued work ends, per CUDA ordinal */
+static uint64_t proc_mem[FAKE_CUDA_MAX_DEVICES];  /* device memory this process holds, per CUDA ordinal */
+
+static void publish_mem(int dev)
+{
+    int i = __atomic_load_n(&proc_index[dev], __ATOMIC_ACQUIRE) - 1;
+    if (i >= 0)
+        __atomic_store_n(&fake_state->procs[i].mem_used_bytes, __atomic_load_n(&proc_mem[dev], __ATOMIC_RELAXED),
+                         __ATOMIC_RELAXED);
+}
+
+/* What NVML lists as this process's memory on dev (usedGpuMemory). */
+void fake_sim_mem(int dev, int64_t bytes)
+{
+    if (!fake_state || dev < 0 || dev >= fake_device_count)
+        return;
+    __atomic_add_fetch(&proc_mem[dev], (uint64_t)bytes, __ATOMIC_RELAXED);
+    publish_mem(dev);
+}
 
 static void sleep_ns(uint64_t ns)
 {
@@ -46,6 +64,7 @@ void fake_sim_attach(int dev)
         fprintf(stderr, "fake libcuda: more than %d processes have contexts; this one is not listed by NVML\n",
                 FAKE_GPU_MAX_PROCS);
     __atomic_store_n(&proc_index[dev], i + 1, __ATOMIC_RELEASE);
+    publish_mem(dev);
 }
 
 /* Queue the work of one launch on the current GPU; blocks while the queue is full. */
@@ -84,6 +103,7 @@ static void child_after_fork(void)
 {
     memset(proc_index, 0, sizeof proc_index);
     memset(last_end, 0, sizeof last_end);
+    memset(proc_mem, 0, sizeof proc_mem);
 }
 
 FAKE_ON_FORK_CHILD(child_after_fork)

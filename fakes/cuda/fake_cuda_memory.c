@@ -151,12 +151,14 @@ CUresult fake_mem_take(int dev, uint64_t bytes)
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     } while (!__atomic_compare_exchange_n(used, &cur, cur + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    fake_sim_mem(dev, (int64_t)bytes);
     return CUDA_SUCCESS;
 }
 
 void fake_mem_give(int dev, uint64_t bytes)
 {
     __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
+    fake_sim_mem(dev, -(int64_t)bytes);
 }
 
 /* Device addresses come from one range of address space reserved at the first allocation (FAKE_CUDA_VA_GIB,

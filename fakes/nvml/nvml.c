@@ -578,8 +578,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t de
     return NVML_SUCCESS;
 }
 
-/* Processes with a context on the GPU, under the pids the host sees (pid + host_pid_offset). Memory per process
- * is not simulated: usedGpuMemory = NVML_VALUE_NOT_AVAILABLE, as in many containers. */
+/* Processes with a context on the GPU, under the pids the host sees (pid + host_pid_offset), with the device
+ * memory each holds (the fake libcuda keeps it in the process's entry). */
 static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned int *infoCount, nvmlProcessInfo_t *infos,
                                    nvmlProcessInfo_v1_t *infos_v1)
 {
@@ -589,11 +589,14 @@ static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned int *infoCount, nv
         return r;
     const struct fake_gpu_state *st = g_map->state;
     unsigned pids[FAKE_GPU_MAX_PROCS], n = 0;
+    unsigned long long used[FAKE_GPU_MAX_PROCS];
     for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         const struct fake_gpu_proc *p = &st->procs[i];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
-        if (pid && p->gpu == dev->index && fake_tl_alive(pid))
+        if (pid && p->gpu == dev->index && fake_tl_alive(pid)) {
+            used[n] = __atomic_load_n(&p->mem_used_bytes, __ATOMIC_RELAXED);
             pids[n++] = p->host_pid;
+        }
     }
     if (*infoCount < n || (n && !infos && !infos_v1)) {
         *infoCount = n;
@@ -602,10 +605,10 @@ static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned int *infoCount, nv
     *infoCount = n;
     for (unsigned i = 0; i < n; i++) {
         if (infos)
-            infos[i] = (nvmlProcessInfo_t){.pid = pids[i], .usedGpuMemory = NVML_VALUE_NOT_AVAILABLE,
+            infos[i] = (nvmlProcessInfo_t){.pid = pids[i], .usedGpuMemory = used[i],
                                            .gpuInstanceId = 0xFFFFFFFFu, .computeInstanceId = 0xFFFFFFFFu};
         else
-            infos_v1[i] = (nvmlProcessInfo_v1_t){.pid = pids[i], .usedGpuMemory = NVML_VALUE_NOT_AVAILABLE};
+            infos_v1[i] = (nvmlProcessInfo_v1_t){.pid = pids[i], .usedGpuMemory = used[i]};
     }
     return NVML_SUCCESS;
 }
@@ -888,4 +891,24 @@ FAKE_NVML_API int fakeNvml_stateLayout(unsigned long long *out, int n)
     for (int i = 0; i < n && i < count; i++)
         out[i] = v[i];
     return count;
+}
+
+/* --- NVLink and fabric: the fake GPUs have neither (PyTorch looks these up on an out-of-memory error and with
+ * expandable segments, and asserts they exist) ----------------------------------------------------------------- */
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, void *info)
+{
+    (void)dev, (void)info;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, int *type)
+{
+    (void)dev, (void)link, (void)type;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link, void *pci)
+{
+    (void)dev, (void)link, (void)pci;
+    return NVML_ERROR_NOT_SUPPORTED;
 }
