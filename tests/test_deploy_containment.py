@@ -54,14 +54,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, di
         yield r, got
 
 
-def test_limits_preload_and_library_are_mounted_read_only_and_only_the_state_dir_is_writable(node) -> None:
+def test_limits_preload_and_library_are_mounted_read_only_and_only_the_accounting_file_is_writable(node) -> None:
     _, got = node
     for name, c in got.items():
         mounts = c["mounts"]
-        assert set(mounts) == {*PROTECTED, contract.CONTAINER_STATE_DIR, contract.CONTAINER_GPU_LOCK_DIR}, name
+        assert set(mounts) == {*PROTECTED, contract.CONTAINER_SHARED_CACHE, contract.CONTAINER_GPU_LOCK_DIR}, name
         for path in (*PROTECTED, contract.CONTAINER_GPU_LOCK_DIR):
             assert mounts[path].read_only is True, f"{name}: {path} is writable"
-        assert mounts[contract.CONTAINER_STATE_DIR].read_only is False
+        assert mounts[contract.CONTAINER_SHARED_CACHE].read_only is False
+        assert Path(mounts[contract.CONTAINER_SHARED_CACHE].host_path).is_file()  # a file: no host directory
 
 
 def test_each_container_has_its_own_directory_named_by_pod_uid_and_container(node) -> None:
@@ -70,7 +71,7 @@ def test_each_container_has_its_own_directory_named_by_pod_uid_and_container(nod
     dirs = {}
     for name, c in got.items():
         limits = Path(c["mounts"][contract.CONTAINER_LIMITS_PATH].host_path)
-        state = Path(c["mounts"][contract.CONTAINER_STATE_DIR].host_path)
+        state = Path(c["mounts"][contract.CONTAINER_SHARED_CACHE].host_path).parent
         assert limits.parent == state.parent, name
         assert state.parent.parent == containers and state.name == "state", name
         assert state.parent.name == f"{c['uid']}-{name.split('/')[1]}", name
@@ -96,8 +97,9 @@ def test_host_modes_keep_other_users_out(node) -> None:
         for path in (contract.CONTAINER_LIMITS_PATH, contract.CONTAINER_PRELOAD_PATH):
             assert stat.S_IMODE(Path(mounts[path].host_path).stat().st_mode) == 0o444, f"{name}: {path}"
         assert stat.S_IMODE((cdir / "owner").stat().st_mode) == 0o444
-        # any user of the container writes its accounting; sticky: one user cannot remove another's usage file
-        assert stat.S_IMODE(Path(mounts[contract.CONTAINER_STATE_DIR].host_path).stat().st_mode) == 0o1777
+        # any user of the container writes its accounting file; the directory holding it is root's alone
+        usage = Path(mounts[contract.CONTAINER_SHARED_CACHE].host_path)
+        assert stat.S_IMODE(usage.stat().st_mode) == 0o666 and stat.S_IMODE(usage.parent.stat().st_mode) == 0o700
 
 
 # Runs as root of a new user namespace, in a new mount namespace: mounts the container's files over a scratch
@@ -144,8 +146,7 @@ for m in mounts:
                                     "replace": attempt(lambda: replace(target)),
                                     "remove": attempt(lambda: os.unlink(target)),
                                     "chmod": attempt(lambda: os.chmod(target, 0o666))}
-state = root + sys.argv[3]
-out["state"] = attempt(lambda: write(state + "/usage.cache"))
+out["state"] = attempt(lambda: write(root + sys.argv[3]))
 out["seen"] = sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files)
 print(json.dumps(out))
 """
@@ -159,7 +160,7 @@ def run_as_container(tmp_path: Path, mounts: dict) -> dict:
     root = tmp_path / "rootfs"
     root.mkdir()
     probe = subprocess.run(["unshare", "-rm", sys.executable, "-c", INSIDE, str(root), json.dumps(spec),
-                            contract.CONTAINER_STATE_DIR], capture_output=True, text=True, timeout=60)
+                            contract.CONTAINER_SHARED_CACHE], capture_output=True, text=True, timeout=60)
     if probe.returncode and "unshare" in probe.stderr:
         pytest.skip(f"no user namespaces here: {probe.stderr.strip()}")
     assert probe.returncode == 0, probe.stderr
@@ -170,20 +171,20 @@ def test_a_container_cannot_change_its_limits_or_preload_nor_reach_another_conta
     _, got = node
     mine, other = got["a/train"]["mounts"], got["b/main"]["mounts"]
     protected = {p: Path(mine[p].host_path).read_bytes() for p in PROTECTED}
-    marker = Path(other[contract.CONTAINER_STATE_DIR].host_path) / "usage.cache"
+    marker = Path(other[contract.CONTAINER_SHARED_CACHE].host_path)
+    before = marker.read_bytes()
     marker.write_text("b's accounting")
     try:
         out = run_as_container(tmp_path, mine)
     finally:
-        marker.unlink()
+        marker.write_bytes(before)
     for path in PROTECTED:
         assert out[path]["write"] == "EROFS" and out[path]["chmod"] == "EROFS", (path, out[path])
         assert out[path]["replace"] == "EBUSY" and out[path]["remove"] == "EBUSY", (path, out[path])
         assert Path(mine[path].host_path).read_bytes() == protected[path]  # unchanged on the host
     assert out["state"] == "ok"  # its own accounting is writable ...
-    own = Path(mine[contract.CONTAINER_STATE_DIR].host_path) / "usage.cache"
+    own = Path(mine[contract.CONTAINER_SHARED_CACHE].host_path)
     assert own.read_text() == "generous limits\n"
-    own.unlink()
     seen = [Path(p).relative_to(tmp_path / "rootfs") for p in out["seen"]]
     # ... and is all it sees of the accounting: b's usage file is nowhere under its root
     locks = [p for p in seen if str(p).startswith(contract.CONTAINER_GPU_LOCK_DIR.lstrip("/"))]

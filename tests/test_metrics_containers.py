@@ -68,7 +68,7 @@ def container_env(r: Running, allocated: object) -> dict[str, str]:
         "GS_PROBE_LIBCUDA": str(FAKE_CUDA), "GS_PROBE_LIBNVML": str(FAKE_NVML),
         contract.ENV_REAL_LIBCUDA: str(FAKE_CUDA), contract.ENV_REAL_LIBNVML: str(FAKE_NVML),
         contract.ENV_LIMITS_FILE: mounts[contract.CONTAINER_LIMITS_PATH],
-        contract.ENV_SHARED_CACHE: str(Path(mounts[contract.CONTAINER_STATE_DIR]) / "usage.cache"),
+        contract.ENV_SHARED_CACHE: mounts[contract.CONTAINER_SHARED_CACHE],
         contract.ENV_GPU_LOCK_DIR: mounts[contract.CONTAINER_GPU_LOCK_DIR],
         contract.ENV_CONTEXT_RESERVE: "0",
         "CUDA_VISIBLE_DEVICES": allocated.envs[contract.ENV_NVIDIA_VISIBLE_DEVICES],  # type: ignore[attr-defined]
@@ -143,7 +143,7 @@ def test_a_hostile_usage_file_changes_only_its_own_figures(r: Running) -> None:
 
     def cache(allocated: object) -> Path:
         mounts = {m.container_path: m.host_path for m in allocated.mounts}  # type: ignore[attr-defined]
-        return Path(mounts[contract.CONTAINER_STATE_DIR]) / "usage.cache"
+        return Path(mounts[contract.CONTAINER_SHARED_CACHE])
 
     cache(good).write_bytes(bytes(usage_bytes(uuid=gpu_good, used=(GiB,), refused=2)))
     gpu_memory = next(x.memory_bytes for x in r.nd.node.gpus if x.uuid == gpu_bad)  # type: ignore[union-attr]

@@ -19,11 +19,12 @@ def test_seed_job_gets_the_shim_and_its_limits_file() -> None:
         c = r.kubelet.admit(pod("cuda-sample", mem=2, core=30)).containers[0]
         mounts = {m.container_path: m for m in c.mounts}
         assert set(mounts) == {contract.CONTAINER_LIB_PATH, contract.CONTAINER_PRELOAD_PATH,
-                               contract.CONTAINER_LIMITS_PATH, contract.CONTAINER_STATE_DIR,
+                               contract.CONTAINER_LIMITS_PATH, contract.CONTAINER_SHARED_CACHE,
                                contract.CONTAINER_GPU_LOCK_DIR}
         assert mounts[contract.CONTAINER_GPU_LOCK_DIR].read_only
         assert mounts[contract.CONTAINER_LIB_PATH].read_only and mounts[contract.CONTAINER_LIMITS_PATH].read_only
-        assert mounts[contract.CONTAINER_PRELOAD_PATH].read_only and not mounts[contract.CONTAINER_STATE_DIR].read_only
+        assert mounts[contract.CONTAINER_PRELOAD_PATH].read_only
+        assert not mounts[contract.CONTAINER_SHARED_CACHE].read_only
         limits = contract.parse_limits(Path(mounts[contract.CONTAINER_LIMITS_PATH].host_path).read_text())
         assert limits.devices == (contract.DeviceLimit(r.daemon.node.gpus[0].uuid, 2 << 30, 30),)
         # HAMi-core's name for the accounting file points into the mounted directory (for libvgpu.so users)

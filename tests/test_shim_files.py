@@ -32,7 +32,7 @@ def test_the_mounts_deliver_library_preload_limits_and_state(paths):
         MountSpec(contract.CONTAINER_LIB_PATH, str(paths.host_lib), True),
         MountSpec(contract.CONTAINER_PRELOAD_PATH, str(paths.host_root / "ld.so.preload"), True),
         MountSpec(contract.CONTAINER_LIMITS_PATH, str(cdir / "limits"), True),
-        MountSpec(contract.CONTAINER_STATE_DIR, str(cdir / "state"), False),
+        MountSpec(contract.CONTAINER_SHARED_CACHE, str(cdir / "state" / "usage.cache"), False),
         MountSpec(contract.CONTAINER_GPU_LOCK_DIR, str(paths.host_root / "gpu-locks"), True),
     ]
     assert (paths.host_root / "ld.so.preload").read_text() == contract.CONTAINER_LIB_PATH + "\n"
@@ -50,10 +50,30 @@ def test_the_limits_file_is_read_only_complete_and_left_without_temporaries(path
     assert sorted(p.name for p in path.parent.iterdir()) == ["limits", "state"]
 
 
-def test_the_state_directory_is_writable_by_any_container_user(paths):
-    prepare_container(paths, "c1", limits((UUID_A, GiB, 100)))
+def test_the_container_gets_its_own_accounting_file_and_no_writable_directory(paths):
+    """Only one file is writable (by any user of the container, whose uid the daemon cannot know), at the size the
+    shim maps; its directory is root-only, so the container cannot make files or links on the host."""
+    mounts = prepare_container(paths, "c1", limits((UUID_A, GiB, 100)))
     state = paths.host_root / "containers" / "c1" / "state"
-    assert state.is_dir() and stat.S_IMODE(state.stat().st_mode) == 0o1777  # sticky: users keep their files
+    usage = state / "usage.cache"
+    assert usage.is_file() and not usage.is_symlink() and usage.stat().st_size == contract.USAGE_FILE_SIZE
+    assert stat.S_IMODE(usage.stat().st_mode) == 0o666 and stat.S_IMODE(state.stat().st_mode) == 0o700
+    writable = [m for m in mounts if not m.read_only]
+    assert writable == [MountSpec(contract.CONTAINER_SHARED_CACHE, str(usage), False)]
+    assert not any(m.container_path == contract.CONTAINER_STATE_DIR for m in mounts)
+    with open(usage, "r+b") as f:  # a second Allocate of the same container keeps what its processes wrote
+        f.write(b"x")
+    prepare_container(paths, "c1", limits((UUID_A, 0, 30)))
+    assert usage.read_bytes()[:1] == b"x" and usage.stat().st_size == contract.USAGE_FILE_SIZE
+
+
+def test_an_accounting_file_replaced_by_a_link_is_refused(paths):
+    prepare_container(paths, "c1", limits((UUID_A, GiB, 100)))
+    usage = paths.host_root / "containers" / "c1" / "state" / "usage.cache"
+    usage.unlink()
+    usage.symlink_to("/etc/passwd")
+    with pytest.raises(OSError, match="is not a plain file; remove it"):
+        prepare_container(paths, "c1", limits((UUID_A, GiB, 100)))
 
 
 def test_two_allocates_for_one_container_merge_and_return_the_same_mounts(paths):
@@ -103,7 +123,7 @@ def test_a_new_container_never_inherits_an_earlier_ones_files(paths):
     state = paths.host_root / "containers" / "uid1-main" / "state"
     (state / "usage.cache").write_text("old usage")
     prepare_container(paths, "uid1-main", limits((UUID_A, 2 * GiB, 100)), owner=Owner(devices=("y",)), fresh=True)
-    assert not (state / "usage.cache").exists()
+    assert (state / "usage.cache").read_bytes() == bytes(contract.USAGE_FILE_SIZE)
     text = (paths.host_root / "containers" / "uid1-main" / "limits").read_text()
     assert contract.parse_limits(text) == limits((UUID_A, 2 * GiB, 100))
 

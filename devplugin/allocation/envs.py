@@ -89,7 +89,7 @@ def decision_envs(node: Node, decision: Decision) -> dict[str, str]:
 
 def shim_envs(envs: dict[str, str], mounts: Sequence[MountLike]) -> None:
     """With the shim's files mounted, the accounting file is named in HAMi-core's env too, so HAMi-core's
-    libvgpu.so (when it is the library delivered) accounts in the container's own mounted directory. Both of a
+    libvgpu.so (when it is the library delivered) accounts in the container's own mounted file. Both of a
     container's resources get the same mounts, so the kubelet's merge sees one value."""
-    if any(m.container_path == c.CONTAINER_STATE_DIR for m in mounts):
+    if any(m.container_path == c.CONTAINER_SHARED_CACHE for m in mounts):
         envs[c.ENV_SHARED_CACHE] = c.CONTAINER_SHARED_CACHE

@@ -4,7 +4,8 @@ Per container, under `<host_root>/containers/<name>/` (name: `<pod UID>-<contain
 when the daemon could not name the container; a new container always starts from a fresh directory):
     limits   the read-only limits file (contract.render_limits), replaced atomically
     owner    JSON: the pod and container, and the device IDs they hold (the janitor matches it to PodResources)
-    state/   the container's accounting directory (the shim's shared usage file lives here)
+    state/usage.cache   the container's accounting file (the shim maps it), made at its size by the daemon and
+             mounted alone: the container gets no writable host directory
 and once per node `<host_root>/ld.so.preload`, naming the library's path inside the container, and
 `<host_root>/gpu-locks/<GPU UUID>.lock` (read-only, shared by every container: the shim's node-wide lock while a
 process finds its NVML pid).
@@ -171,11 +172,8 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
         _write_atomically(cdir / OWNER, json.dumps(asdict(owner)), 0o444)
     state = cdir / STATE
     state.mkdir(exist_ok=True)
-    # Any user of the container may write here (its processes may run as any uid, and the pod spec's runAsUser
-    # does not reach the daemon); nobody else can reach it: the parent is root-only and the directory is mounted
-    # into this container alone. Sticky, like /tmp: one user cannot delete or replace another's usage file
-    # (to start its accounting afresh).
-    os.chmod(state, 0o1777)
+    os.chmod(state, 0o700)
+    usage = _usage_file(state / Path(contract.CONTAINER_SHARED_CACHE).name)
     limits_path = cdir / LIMITS
     earlier = _read_limits(limits_path)
     merged = merge_limits(earlier, limits) if earlier else limits
@@ -188,9 +186,28 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
         MountSpec(contract.CONTAINER_LIB_PATH, str(paths.host_lib), True),
         MountSpec(contract.CONTAINER_PRELOAD_PATH, str(preload), True),
         MountSpec(contract.CONTAINER_LIMITS_PATH, str(limits_path), True),
-        MountSpec(contract.CONTAINER_STATE_DIR, str(state), False),
+        # The container's own accounting file, and nothing else writable: no directory in which to make files,
+        # links or fill the host's /var/run.
+        MountSpec(contract.CONTAINER_SHARED_CACHE, str(usage), False),
         MountSpec(contract.CONTAINER_GPU_LOCK_DIR, str(locks), True),
     ]
+
+
+def _usage_file(path: Path) -> Path:
+    """The container's accounting file, made at the size the shim maps (contract.USAGE_FILE_SIZE), writable by any
+    user of the container (its processes may run as any uid; the pod spec's runAsUser does not reach the daemon)
+    and reachable by no one else: its directory is root-only and the file is mounted into this container alone.
+    Kept as it is when it exists (a second Allocate of the same container: its processes may be using it)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise OSError(f"{path} is not a plain file; remove it")
+    if not path.exists():
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, contract.USAGE_FILE_SIZE)
+            os.fchmod(fd, 0o666)
+        finally:
+            os.close(fd)
+    return path
 
 
 def _owner_devices(cdir: Path) -> set[str] | None:
