@@ -24,7 +24,8 @@ def events(r: Running, name: str, reason: str) -> list[dict]:
 def record(r: Running, name: str) -> dict:
     assert r.api is not None
     r.nd.link.writer.flush(5)  # type: ignore[union-attr]
-    return json.loads(r.api.pod("default", name)["metadata"]["annotations"][c.ANN_ALLOCATED])
+    raw = (r.api.pod("default", name)["metadata"].get("annotations") or {}).get(c.ANN_ALLOCATED)
+    return json.loads(raw) if raw else {}
 
 
 def healthz(r: Running) -> tuple[int, str]:
@@ -109,3 +110,29 @@ def test_a_failing_registration_round_is_retried_not_fatal(r: Running, monkeypat
     r.daemon.poke()
     assert _until(lambda: len(calls) >= 2, 10)
     assert r.registered_all() and healthz(r) == (200, "ok\n")
+
+
+def test_an_older_pod_is_not_named_after_a_younger_one_with_a_scheduler_choice(r: Running) -> None:
+    """The kubelet admits the older pod first; the younger one's scheduler choice must not make the daemon name the
+    older pod's devices after it (when the younger ended, the older's devices would be dropped)."""
+    gpu = r.nd.node.gpus[2]
+    old = r.pod("old", mem=3, created="2026-01-01T00:00:00Z")
+    assert r.wait_cached(old)
+    choice = c.PodAssignment(node=r.node_name, time_ns=1, containers={
+        "main": (c.GpuShare(index=2, uuid=gpu.uuid, mem=3, core=0),)}).render()
+    young = r.pod("young", mem=3, annotations={c.ANN_SCHEDULED: choice}, created="2026-01-01T00:00:05Z")
+    assert r.wait_cached(young)
+    got_old = r.admit(old).containers[0]  # type: ignore[attr-defined]
+    assert _until(lambda: record(r, "old").get("uid") == old["metadata"]["uid"], 5)
+    assert c.ANN_ALLOCATED not in r.api.pod("default", "young")["metadata"].get("annotations", {})  # type: ignore[union-attr]
+    got_young = r.admit(young).containers[0]  # type: ignore[attr-defined]
+    assert got_young.envs["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid  # the choice is honoured for the pod it names
+
+    def held_by(uid: str) -> set[str]:
+        return {g for h in r.nd.allocator.holdings.holders() if h.key is not None and h.key.pod_uid == uid
+                for g in h.gpus()}
+
+    assert held_by(old["metadata"]["uid"]) == {got_old.envs["NVIDIA_VISIBLE_DEVICES"]}
+    r.api.set_pod_phase("default", "young", "Succeeded")  # type: ignore[union-attr]
+    assert _until(lambda: not held_by(young["metadata"]["uid"]), 5)
+    assert held_by(old["metadata"]["uid"]) == {got_old.envs["NVIDIA_VISIBLE_DEVICES"]}  # the older pod keeps its GPU
