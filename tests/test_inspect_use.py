@@ -49,14 +49,15 @@ def test_inspect_shows_each_container_s_use_beside_its_allocation(r: Running, da
              "4 GiB used by busy")
         assert r.nd is not None and r.nd.link.writer is not None
         r.nd.link.writer.flush(5)
-        assert _until(lambda: "busy" in inspect(r, capsys, "-d", r.node_name), 5)
+        index = next(g.index for g in r.nd.node.gpus if g.uuid == gpu)
+        row = f"  {index}    6/15         4     70/100   0     2"
+        # the daemon's records and its published usage reach the apiserver through its background writer
+        assert _until(lambda: row in inspect(r, capsys, "-d", r.node_name), 5), inspect(r, capsys, "-d", r.node_name)
         out = inspect(r, capsys, "-d", r.node_name)
         assert all(len(line) <= 80 for line in out.splitlines()), out
         assert "  GPU  MEMORY(GiB)  USED  CORE(%)  USED  PODS" in out, out
         assert "       default/busy (main)  4 GiB  50 %  allocated  used 4 GiB  0 %  refused 1\n" in out, out
         assert "       default/quiet (main)  2 GiB  20 %  allocated  used 0 GiB  0 %\n" in out, out
-        index = next(g.index for g in r.nd.node.gpus if g.uuid == gpu)
-        assert f"  {index}    6/15         4     70/100   0     2" in out, out
         doc = json.loads(inspect(r, capsys, "-o", "json", r.node_name))
         node = doc["nodes"][0]
         assert node["useError"] == ""
