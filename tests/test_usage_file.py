@@ -126,3 +126,10 @@ def test_a_huge_file_is_read_only_up_to_the_layout(tmp_path: Path) -> None:
         f.truncate(1 << 40)  # sparse: a terabyte the reader must not read
     got = read_usage_file(path, GPU_MEMORY)
     assert got.error == "" and got.gpus[UUID.lower()].refused == 2
+
+
+def test_the_daemon_s_empty_file_is_a_container_that_has_not_used_cuda(tmp_path: Path) -> None:
+    path = tmp_path / "usage.cache"
+    path.write_bytes(bytes(c.USAGE_FILE_SIZE))  # as shim_files makes it, before any process maps it
+    got = read_usage_file(path, GPU_MEMORY)
+    assert got.error == "" and got.gpus == {} and got.processes == 0

@@ -77,6 +77,8 @@ def parse_usage(data: bytes, memory_max: int) -> UsageFile:
     if len(data) < c.USAGE_FILE_SIZE:
         return UsageFile(error=f"{len(data)} bytes, a version {c.USAGE_VERSION} usage file has {c.USAGE_FILE_SIZE}")
     magic, version, ndevices, nslots = _HEADER.unpack_from(data, 0)
+    if magic == 0 and version == 0:
+        return UsageFile()  # made by the daemon, not yet mapped by the shim: the container has not used CUDA
     if magic != c.USAGE_MAGIC or version != c.USAGE_VERSION:
         return UsageFile(error=f"not a version {c.USAGE_VERSION} usage file (magic {magic:#x}, version {version})")
     ndevices, nslots = min(ndevices, c.USAGE_DEVICES), min(nslots, c.USAGE_SLOTS)
