@@ -82,6 +82,28 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTO
                      gs_cu.cuArray3DCreate_v2(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
 }
 
+/* The CUDA 3.1 entry points (32-bit descriptors), still exported by the driver: a program linked to libcuda that
+ * declares them reaches them without any lookup, so they are charged like the current ones. */
+GS_EXPORT CUresult cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
+{
+    GS_ENTER_OR_RETURN(cuArrayCreate);
+    if (!desc)
+        return gs_cu.cuArrayCreate(arr, desc);
+    GS_ALLOC_CURRENT(&gs_arrays, gs_array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0, 1),
+                     gs_cu.cuArrayCreate(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
+}
+
+GS_EXPORT CUresult cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
+{
+    GS_ENTER_OR_RETURN(cuArray3DCreate);
+    if (!desc)
+        return gs_cu.cuArray3DCreate(arr, desc);
+    uint64_t depth = desc->Flags & GS_ARRAY_CUBEMAP ? mul_sat(desc->Depth ? desc->Depth : 1, 6) : desc->Depth;
+    GS_ALLOC_CURRENT(&gs_arrays,
+                     gs_array_bytes(desc->Width, desc->Height, depth, desc->Format, desc->NumChannels, desc->Flags, 1),
+                     gs_cu.cuArray3DCreate(arr, desc), arr, gs_cu.cuArrayDestroy(*arr));
+}
+
 GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                           unsigned int levels)
 {

@@ -34,6 +34,8 @@
     X(cuMemFree, (CUdeviceptr_v1 dptr))                                                                         \
     X(cuArrayCreate_v2, (CUarray * arr, const CUDA_ARRAY_DESCRIPTOR *desc))                                     \
     X(cuArray3DCreate_v2, (CUarray * arr, const CUDA_ARRAY3D_DESCRIPTOR *desc))                                 \
+    X(cuArrayCreate, (CUarray * arr, const CUDA_ARRAY_DESCRIPTOR_v1 *desc))                                     \
+    X(cuArray3DCreate, (CUarray * arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc))                                 \
     X(cuArrayDestroy, (CUarray arr))                                                                            \
     X(cuMipmappedArrayCreate, (CUmipmappedArray * arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)) \
     X(cuMipmappedArrayDestroy, (CUmipmappedArray arr))                                                          \

@@ -199,3 +199,22 @@ def test_a_free_captured_into_a_graph_keeps_its_charge(node):
     env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CUDA_CAPTURING=1)
     steps = run(env, "init", "ctx", 0, "async", "512m", "free", "sync", "meminfo", "alloc", "768m")
     assert used_in_view(steps[5]) == 512 * MiB and steps[6]["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+
+
+@pytest.mark.parametrize("mode", ["linked", "gpa", "dlsym"])
+@pytest.mark.parametrize("create", [("array1", 1024, 1024, FLOAT, 4), ("array3d1", 256, 256, 16, FLOAT, 4, "0x01")])
+def test_the_cuda_3_1_array_entry_points_are_capped_and_reported(node, mode, create):
+    """The CUDA 3.1 cuArrayCreate / cuArray3DCreate (32-bit descriptors), reachable by a linked program: 16 MiB each,
+    charged what the driver takes; the fifth of 16 MiB does not fit under 64 MiB."""
+    holder = start(node.env(CUDA_DEVICE_MEMORY_LIMIT="64m"), "init", "ctx", 0, "meminfo", *create * 5, "meminfo",
+                   "counters", "ready", mode=mode)
+    try:
+        steps = until(holder, "ready")
+        made = [s["rc"] for s in steps if s["op"] == create[0]]
+        assert made[:3] == [CUDA_SUCCESS] * 3 and CUDA_ERROR_OUT_OF_MEMORY in made
+        first, last = [s for s in steps if s["op"] == "meminfo"]
+        assert used_in_view(last) - used_in_view(first) == 16 * MiB * made.count(CUDA_SUCCESS)
+        assert node.driver.memory_used(0) <= 64 * MiB
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)

@@ -21,7 +21,8 @@ HOOKED = {
     "cuGraphLaunch_ptsz", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", "dlsym",
     "gpushare_throttle_stats", "gpushare_share_stats",
     # every other way to take device memory
-    "cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuArrayDestroy",
+    "cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuArrayCreate",
+    "cuArray3DCreate", "cuArrayDestroy",
     "cuMipmappedArrayCreate",
     "cuMipmappedArrayDestroy", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuModuleLoad",
     "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuGraphAddMemAllocNode",

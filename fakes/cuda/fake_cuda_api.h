@@ -63,6 +63,8 @@ CUresult impl_cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult impl_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 CUresult impl_cuStreamSynchronize(CUstream stream);
 CUresult impl_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult impl_cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
+CUresult impl_cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc);
 CUresult impl_cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
                               unsigned int elem);
 CUresult impl_cuMemFree(CUdeviceptr_v1 dptr);

@@ -61,6 +61,26 @@ CUresult impl_cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *de
 }
 FAKE_EXPORT(cuArray3DCreate_v2)
 
+/* The CUDA 3.1 entry points (32-bit descriptors), still exported by the driver. */
+CUresult impl_cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
+{
+    if (!desc)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY_DESCRIPTOR d = {desc->Width, desc->Height, desc->Format, desc->NumChannels};
+    return impl_cuArrayCreate_v2(arr, &d);
+}
+FAKE_EXPORT(cuArrayCreate)
+
+CUresult impl_cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
+{
+    if (!desc)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d = {desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels,
+                                 desc->Flags};
+    return impl_cuArray3DCreate_v2(arr, &d);
+}
+FAKE_EXPORT(cuArray3DCreate)
+
 CUresult impl_cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
     if (!desc || !desc->Width || !levels)

@@ -16,6 +16,7 @@
  *   hammer T N MAX         T threads each make N random allocations (1 byte..MAX) and frees, keeping up to 8
  *   alloc1 SIZE            the CUDA 3.1 cuMemAlloc (kept)  nocontext     no current context
  *   pitch1 W H             the CUDA 3.1 cuMemAllocPitch (kept; freed by the CUDA 3.1 cuMemFree)
+ *   array1 W H FMT CH | array3d1 W H D FMT CH FLAGS    the CUDA 3.1 cuArrayCreate / cuArray3DCreate (kept)
  *   array W H FMT CH | array3d W H D FMT CH FLAGS | mipmap W H D FMT CH LEVELS    an array (kept)
  *   module SIZE            cuModuleLoadData of a fake image whose globals take SIZE (kept; free unloads it)
  *   graphnode SIZE         a memory-allocation node of SIZE on the current GPU in a graph
@@ -583,6 +584,28 @@ int main(int argc, char **argv)
             int threads = atoi(ARG());
             long n = atol(ARG());
             hammer(threads, n, size_arg(ARG()));
+        } else if (!strcmp(op, "array1") || !strcmp(op, "array3d1")) {
+            /* the CUDA 3.1 entry points: array1 W H FMT CH | array3d1 W H D FMT CH FLAGS */
+            CUDA_ARRAY3D_DESCRIPTOR_v1 d3;
+            memset(&d3, 0, sizeof d3);
+            d3.Width = (unsigned)size_arg(ARG());
+            d3.Height = (unsigned)size_arg(ARG());
+            if (!strcmp(op, "array3d1"))
+                d3.Depth = (unsigned)size_arg(ARG());
+            d3.Format = (int)strtol(ARG(), NULL, 0);
+            d3.NumChannels = (unsigned)atoi(ARG());
+            void *obj = NULL;
+            CUresult rc;
+            if (!strcmp(op, "array1")) {
+                CUDA_ARRAY_DESCRIPTOR_v1 d1 = {d3.Width, d3.Height, d3.Format, d3.NumChannels};
+                rc = cu.array_create_v1 ? cu.array_create_v1((CUarray *)&obj, &d1) : CUDA_ERROR_NOT_FOUND;
+            } else {
+                d3.Flags = (unsigned)strtol(ARG(), NULL, 0);
+                rc = cu.array3d_create_v1 ? cu.array3d_create_v1((CUarray *)&obj, &d3) : CUDA_ERROR_NOT_FOUND;
+            }
+            if (!rc)
+                keep(ARRAY, (uintptr_t)obj, 0);
+            printf("{\"op\":\"%s\",\"rc\":%d}\n", op, rc);
         } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
             CUDA_ARRAY3D_DESCRIPTOR d3;
             memset(&d3, 0, sizeof d3);

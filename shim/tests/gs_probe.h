@@ -43,6 +43,9 @@
     X(mem_free_v1, cuMemFree, "cuMemFree@2000", CUresult, (CUdeviceptr_v1))                                    \
     X(mem_alloc_pitch_v1, cuMemAllocPitch, "cuMemAllocPitch@2000", CUresult,                                   \
       (CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int))                            \
+    X(array_create_v1, cuArrayCreate, "cuArrayCreate@2000", CUresult, (CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *)) \
+    X(array3d_create_v1, cuArray3DCreate, "cuArray3DCreate@2000", CUresult,                                    \
+      (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *))                                                         \
     X(array_create, cuArrayCreate_v2, "cuArrayCreate", CUresult, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))   \
     X(array3d_create, cuArray3DCreate_v2, "cuArray3DCreate", CUresult,                                          \
       (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))                                                             \
