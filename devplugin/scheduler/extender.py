@@ -24,7 +24,16 @@ from devplugin.contract import (
     ANN_SCHEDULED,
     PodAssignment,
 )
-from devplugin.scheduler.fit import Fit, NodeView, ask_of, fit, score
+from devplugin.scheduler.fit import (
+    Fit,
+    NodeView,
+    ask_of,
+    fit,
+    one_share_check,
+    one_share_score,
+    score,
+    single_share,
+)
 from devplugin.scheduler.state import ClusterState, node_entry
 
 log = logging.getLogger(__name__)
@@ -84,9 +93,19 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
     state.expire()
     views = _views(state, pod, names, nodes)
     ask = ask_of(pod)
+    one = single_share(ask) if not ask.problem else None
     for name, view in views:
         if view is None:
             out.failed[name] = "node not seen by the extender yet (its watch is catching up); retry"
+            continue
+        if one is not None:  # the common case: no Fit built per node
+            reason, unresolvable = one_share_check(one, ask.needs_core, view)
+            if not reason:
+                out.passed.append(name)
+            elif unresolvable:
+                out.unresolvable[name] = reason
+            else:
+                out.failed[name] = reason
             continue
         result = fit(ask, view)
         if result.ok:
@@ -110,6 +129,10 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
     if not pod.gpu_containers:
         return [(name, MIN_SCORE) for name, _ in views]
     ask = ask_of(pod)
+    one = single_share(ask) if not ask.problem else None
+    if one is not None:  # the common case: no Fit built per node
+        core = ask.needs_core
+        return [(name, one_share_score(one, core, view) if view is not None else MIN_SCORE) for name, view in views]
     return [(name, score(view, fit(ask, view)) if view is not None else MIN_SCORE) for name, view in views]
 
 

@@ -38,6 +38,13 @@ class NodeView:
         return tuple((r.mem_free, r.core_free, r.index, r.uuid) for r in self.gpus if r.healthy and not r.whole)
 
     @cached_property
+    def share_texts(self) -> tuple[str, str, int]:
+        """(GPUs considered, what is excluded and why, most memory free on one of them): the parts of a share's
+        refusal that depend on the node alone, built once per view rather than once per pod."""
+        best = max((t[0] for t in self.open_rooms), default=0)
+        return _considered(self.gpus), _excluded(self.gpus), best
+
+    @cached_property
     def mem_totals(self) -> tuple[int, int]:
         """(memory of the healthy GPUs, memory held on them), in gpu-mem units."""
         healthy = [r for r in self.gpus if r.healthy]
@@ -158,8 +165,7 @@ def _one_share(item: Item, node: NodeView) -> Fit:
     mem, core = item.mem, item.core
     fits = [t for t in node.open_rooms if t[0] >= mem and t[1] >= core]
     if not fits:
-        usable = [r for r in node.gpus if r.healthy and not r.whole]
-        return Fit(reason=_why_not(node.gpus, usable, mem, core, 1, node.unit_mib))
+        return Fit(reason=_why_not_one(node, mem, core))
     best = min(fits, key=_spread_key) if node.placement == "spread" else min(fits)
     return Fit(containers={item.container.name: (GpuShare(best[2], best[3], mem, core),)})
 
@@ -224,6 +230,55 @@ def _why_not(rooms: Sequence[GpuRoom], usable: Sequence[GpuRoom], mem: int, core
     best_core = max(r.core_free for r in by_mem)
     return (f"{where}: the GPUs with {mem_text(mem, unit_mib)} free have at most {best_core} % compute free, "
             f"{core} % asked{tail}")
+
+
+def _why_not_one(node: NodeView, mem: int, core: int) -> str:
+    """_why_not for one share on one GPU, from the node's open rooms and its cached texts (the same words)."""
+    where, tail, best = node.share_texts
+    if not node.open_rooms:
+        return f"{where}: no GPU can take a share{tail}"
+    if best < mem:
+        return (f"{where}: at most {mem_text(best, node.unit_mib)} free on one GPU, {mem_text(mem, node.unit_mib)} "
+                f"asked{tail}")
+    best_core = max(t[1] for t in node.open_rooms if t[0] >= mem)
+    return (f"{where}: the GPUs with {mem_text(mem, node.unit_mib)} free have at most {best_core} % compute free, "
+            f"{core} % asked{tail}")
+
+
+def one_share_check(item: Item, needs_core: bool, node: NodeView) -> tuple[str, bool]:
+    """fit(...) for one share on one GPU as filter needs it: ('', False) when it fits, else (reason, unresolvable),
+    the same words as fit, without choosing the GPU."""
+    if node.problem:
+        return node.problem, True
+    if needs_core and node.mode not in MODES_WITH_CORE:
+        return f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)", True
+    mem, core = item.mem, item.core
+    for t in node.open_rooms:
+        if t[0] >= mem and t[1] >= core:
+            return "", False
+    return _why_not_one(node, mem, core), False
+
+
+def one_share_score(item: Item, needs_core: bool, node: NodeView) -> int:
+    """score(node, fit(...)) for one share on one GPU without building the Fit (prioritize asks every node)."""
+    total, used = node.mem_totals
+    if not total or node.problem or (needs_core and node.mode not in MODES_WITH_CORE):
+        return 0
+    mem, core = item.mem, item.core
+    for t in node.open_rooms:
+        if t[0] >= mem and t[1] >= core:
+            break
+    else:
+        return 0
+    frac = min((used + mem) / total, 1.0)
+    return int(10 * (frac if node.placement != "spread" else 1.0 - frac) + 0.5)
+
+
+def single_share(ask: Ask) -> Item | None:
+    """The ask's one item when it is one share on one GPU (the fast paths), else None."""
+    if len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1 and not ask.reused:
+        return ask.items[0]
+    return None
 
 
 def _considered(rooms: Sequence[GpuRoom]) -> str:

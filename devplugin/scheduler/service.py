@@ -186,8 +186,14 @@ def run(args: argparse.Namespace) -> int:
     log.info("scheduler extender and webhooks listening",
              extra={"fields": {"address": args.address, "port": args.port, "tls": not args.plain_http,
                                "client_ca": args.client_ca_file, "leader_elect": args.leader_elect}})
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if elector is not None:  # stop deciding and hand the Lease over now, not after the connections close
+                elector.stop(release=True)
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
     try:
-        uvicorn.Server(config).run()
+        Server(config).run()
     finally:
         stop.set()
         if elector is not None:

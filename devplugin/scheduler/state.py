@@ -206,7 +206,10 @@ class ClusterState:
         """Views of many nodes under one lock (filter and prioritize ask for every node)."""
         with self._lock:
             nodes = self._nodes
-            return [(n, e.view(without) if (e := nodes.get(n)) is not None else None) for n in names]
+            held = self._held.get(without)
+            special = held.node if held is not None else None  # the one node where the pod itself is counted
+            return [(n, (e.cached or e.view()) if n != special else e.view(without))
+                    if (e := nodes.get(n)) is not None else (n, None) for n in names]
 
     def largest_gpu_units(self) -> int:
         """The largest healthy GPU in the cluster, in gpu-mem units (0 when no node publishes an inventory)."""
