@@ -103,7 +103,8 @@ def recorded_ns(pod: PodRequest) -> int:
         record = parse_assignment(raw, ANN_ALLOCATED)
     except AnnotationError:
         return 0
-    return max(int(record.time_ns), 0) if record.node in ("", pod.node_name) else 0
+    mine = record.node in ("", pod.node_name) and record.uid in ("", pod.uid)
+    return max(int(record.time_ns), 0) if mine else 0
 
 
 def node_entry(obj: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> NodeEntry:
