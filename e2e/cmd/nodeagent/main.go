@@ -126,12 +126,14 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 			return nil
 		}
 		background = func(ctx context.Context) error {
-			if err := syncer.Register(ctx); err != nil {
-				return err
+			// Like the kubelet, keep trying while the apiserver cannot be reached.
+			if err := untilDone(ctx, "register the node", syncer.Register); err != nil {
+				return nil
 			}
 			go syncer.Run(ctx)
 			s := &apisync.Sync{Client: client, Node: o.nodeName, Admit: adm, Table: table, Sources: sources}
-			return s.Run(ctx)
+			_ = untilDone(ctx, "follow the node's pods", s.Run)
+			return nil
 		}
 	}
 
@@ -171,6 +173,22 @@ func books(dm *devicemanager.ManagerImpl, c *devices.CapacityReader, table *pods
 		})
 	}
 	return devices.Collect(dm, c, views)
+}
+
+// untilDone calls f until it succeeds or ctx ends, a second apart, logging each failure.
+func untilDone(ctx context.Context, what string, f func(context.Context) error) error {
+	for {
+		err := f(ctx)
+		if err == nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		klog.ErrorS(err, "retrying in 1s", "step", what)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func kubeClient(path string) (kubernetes.Interface, error) {

@@ -7,7 +7,6 @@ package admission
 
 import (
 	"context"
-	"sort"
 	"sync"
 	"time"
 
@@ -80,19 +79,6 @@ func (a *Admitter) Admit(pod *v1.Pod) Result {
 	a.table.SetPhase(pod.UID, v1.PodRunning)
 	klog.V(2).InfoS("pod admitted", "pod", klog.KObj(pod), "podUID", pod.UID)
 	return Result{Admitted: true, Seconds: took}
-}
-
-// AdmitBatch admits pods as HandlePodAdditions does with one batch: sorted by creation time, one at a time.
-func (a *Admitter) AdmitBatch(batch []*v1.Pod) []Result {
-	sorted := append([]*v1.Pod(nil), batch...)
-	sort.SliceStable(sorted, func(i, j int) bool {
-		return sorted[i].CreationTimestamp.Before(&sorted[j].CreationTimestamp)
-	})
-	out := make([]Result, len(sorted))
-	for i, p := range sorted {
-		out[i] = a.Admit(p)
-	}
-	return out
 }
 
 // Adopt takes a pod that was already admitted and Running before a restart: it goes into the pod manager as
