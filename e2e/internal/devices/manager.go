@@ -19,7 +19,9 @@ import (
 
 // newManagerImpl is the device manager's own constructor. The exported NewManagerImpl hard-codes the socket
 // /var/lib/kubelet/device-plugins/kubelet.sock; several nodes on one machine need one directory each, so the
-// constructor it wraps is called with our socket path. Nothing else differs from the kubelet's.
+// constructor it wraps is called with our socket path. Nothing else differs from the kubelet's. The declaration
+// must match the pinned release's (go.mod): check it against pkg/kubelet/cm/devicemanager/manager.go when
+// moving to another Kubernetes release.
 //
 //go:linkname newManagerImpl k8s.io/kubernetes/pkg/kubelet/cm/devicemanager.newManagerImpl
 func newManagerImpl(logger klog.Logger, socketPath string, topology []cadvisorapi.Node, topologyAffinityStore topologymanager.Store) (*devicemanager.ManagerImpl, error)
