@@ -176,10 +176,9 @@ def test_daemon_whole_gpu_pod(agent: NodeAgent, daemon: subprocess.Popen[str]) -
     assert ctr["envs"][c.ENV_NVIDIA_VISIBLE_DEVICES] == decode_id(dev)[0]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 defect 4: the daemon refuses the init container's very IDs "
-                                       "when the kubelet hands them to the app container")
 def test_daemon_init_container_hands_its_devices_to_the_app_container(
         agent: NodeAgent, daemon: subprocess.Popen[str]) -> None:
+    """Issue 14 defect 4: the kubelet calls Allocate for the app container with the init container's very IDs."""
     pod = pod_manifest("handoff", "uid-handoff", [{MEM: 2, CORE: 20}], init_containers=[{MEM: 2, CORE: 20}])
     res = agent.admit(pod)
     assert res["admitted"] is True, res
