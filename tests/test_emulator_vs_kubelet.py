@@ -99,7 +99,11 @@ class EmulatorSide:
                                          for c in res.init_containers + res.containers})
 
     def end(self, uid: str) -> None:
+        before = self.kubelet.allocatable()
         self.kubelet.remove_pod(uid)
+        # without an apiserver the daemon learns of an end from PodResources (within a second); the scenario's
+        # next pod counts on the freed GPU, as the kubelet's allocatable shows it once the daemon noticed
+        assert self.kubelet.wait_for(lambda k: k.allocatable() != before, timeout=10), before
 
     def restart(self) -> None:
         self.kubelet.restart()
@@ -134,7 +138,9 @@ class AgentSide:
                                          for c in entry["containers"]})
 
     def end(self, uid: str) -> None:
+        before = self.agent.books()["allocatable"]
         self.agent.end(uid)
+        self.agent.wait_books(lambda b: b["allocatable"] != before, timeout=10)
 
     def restart(self) -> None:
         self.agent.restart()

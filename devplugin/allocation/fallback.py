@@ -181,21 +181,18 @@ class PairingFallback:
         """`dec` if this call of `kind` is its container's other resource, as far as the kubelet's PodResources can
         tell; None when it is the next container's first. The kubelet puts a pod in its pod manager (which
         PodResources lists) just before admitting it, one pod at a time: a pod listed now that was not when the
-        decision opened means the decision's pod was done. And the kubelet lists the devices of the decision's first
-        resource until it rejects that container by itself (too few devices of its other resource)."""
+        decision opened means the decision's pod was done (whether the kubelet admitted it or rejected it by itself
+        for too few devices of its other resource). Whether the first half's devices are listed says nothing: the
+        kubelet does not list init containers."""
         if dec is None or kind in dec.allocated or kind in dec.preferred or not dec.allocated:
             return dec
+        if dec.kubelet_pods is None:
+            return dec  # the kubelet could not be asked when it opened: pair by arrival
         listing = self.read_kubelet() if self.read_kubelet is not None else None
-        if listing is None:
-            return dec  # cannot be asked: pair by arrival
-        first = {i for ids in dec.allocated.values() for i in ids}
-        listed = {i for e in listing.containers for ids in e.devices.values() for i in ids if i in first}
-        why = ""
-        if not first <= listed:
-            why = "the kubelet no longer lists its first resource (it rejected that container by itself)"
-        elif dec.kubelet_pods is not None and not listing.pods <= dec.kubelet_pods:
-            later = sorted(listing.pods - dec.kubelet_pods)[0]
-            why = f"the kubelet has moved on to pod {later[0]}/{later[1]}"
+        if listing is None or listing.pods <= dec.kubelet_pods:
+            return dec
+        later = sorted(listing.pods - dec.kubelet_pods)[0]
+        why = f"the kubelet has moved on to pod {later[0]}/{later[1]}"
         if not why:
             return dec
         log.info("%s: a new container, not the other half of the last one: %s", self.node.resource_name(kind), why,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from devplugin.allocation.decision import ContainerKey, Decision, state_dir_name
@@ -19,6 +20,10 @@ from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import Kind
 
 log = logging.getLogger(__name__)
+# After a kubelet restart its PodResources lists no pod (or some) until its pod sources have delivered them again,
+# while its device manager still holds their devices (its checkpoint): absence from PodResources means nothing
+# for this long.
+KUBELET_RESTART_GRACE_S = 10.0
 
 
 class ViewSync:
@@ -30,6 +35,15 @@ class ViewSync:
     _lock: threading.RLock
     _latest: Decision | None
     recent: RecentShares
+
+    _absence_ignored_until: float = 0.0
+    _seeded = False  # the first reconcile (at start) has seeded the recent request sizes
+
+    def kubelet_restarted(self) -> None:
+        """The kubelet restarted: for a while, containers PodResources does not list are not taken as ended."""
+        self._absence_ignored_until = time.monotonic() + KUBELET_RESTART_GRACE_S
+        log.info("the kubelet restarted: for %.0f s, containers its PodResources does not list are kept",
+                 KUBELET_RESTART_GRACE_S)
 
     def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
                   as_of: float | None = None) -> None:
@@ -43,9 +57,16 @@ class ViewSync:
             for entry in held:
                 for kind, ids in entry.devices.items():
                     every[kind].update(ids)
-            changed = bool(self.holdings.keep_only(every, as_of))
+            changed = False
+            if time.monotonic() >= self._absence_ignored_until:
+                gone = self.holdings.keep_only(every, as_of)
+                if gone:
+                    log.info("%d container(s) no longer listed by the kubelet: their devices are free", len(gone),
+                             extra={"fields": {"containers": ",".join(str(h.key or h.holder) for h in gone)}})
+                changed = bool(gone)
             for entry in held:
                 changed |= self._reconcile_one(entry, by_name.get((entry.namespace, entry.pod)))
+            self._seeded = True
             if changed:
                 self.reporter.occupancy_changed(self.holdings)
 
@@ -62,8 +83,8 @@ class ViewSync:
             if good:
                 self.holdings.add(holder, key, kind, group_ids(self.node, kind, good, "held IDs"))
                 learned = True
-                if kind is not Kind.COUNT:  # after a restart: what containers here ask guides node-local pairing
-                    self.recent.add(kind, len(good))
+                if kind is not Kind.COUNT and not self._seeded:  # at start: what containers here ask guides
+                    self.recent.add(kind, len(good))          # node-local pairing from the first admission
         return learned
 
     def _reconcile_one(self, entry: HeldDevices, pod: PodRequest | None) -> bool:

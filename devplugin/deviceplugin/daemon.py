@@ -120,6 +120,7 @@ class Daemon:
             if not server.serving():
                 log.info("socket %s is gone: serving again", server.path,
                          extra={"fields": {"resource": server.servicer.resource}})
+                self.allocator.kubelet_restarted()  # the kubelet cleared its plugin directory: it restarted
                 server.start()
                 self._registered_with.pop(server.servicer.kind, None)
         try:
