@@ -10,6 +10,9 @@ from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.fixtures_driver import fake_nvml_lib, make_driver, seed_driver  # noqa: F401
 
 # --- end fake NVIDIA driver ---
+# --- real Kubernetes on loopback (tests/realk8s/cluster.py): the session's cluster, a namespace per test, and
+# clusters of a test's own ---
+from tests.realk8s.cluster import make_cluster, ns, realk8s  # noqa: F401
 
 
 @pytest.fixture

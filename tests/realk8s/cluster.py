@@ -1,0 +1,521 @@
+"""A whole Kubernetes cluster on loopback, from the real components, for the `realk8s` tests.
+
+What runs (each a local process in its own process group, logs under the cluster's directory):
+- etcd (`e2e/bin/etcd`, a single member over `embed`);
+- kube-apiserver 1.36 with `--authorization-mode=Node,RBAC`, the default admission plugins (not NodeRestriction:
+  the node agents remove their own not-ready taint), its own CA, serving and client certificates (openssl),
+  service-account signing keys;
+- the project's manifests (`deploy/overlays/with-scheduler`) applied with the real kubectl, adapted only where
+  loopback forces it (tests/realk8s/manifests.py says what and why);
+- `devplugin scheduler` (extender and webhooks) over HTTPS, with a kubeconfig holding a token of ITS
+  ServiceAccount (kube-system/devplugin-scheduler), so the shipped RBAC is what it works with;
+- kube-scheduler with the shipped KubeSchedulerConfiguration (the extender at its loopback URL), or the same
+  configuration without the extender;
+- N nodes, each a node agent (`e2e/bin/nodeagent`: the kubelet's device manager and PodResources server, with a
+  node identity `system:node:<name>`) and `devplugin serve` on the fake driver (8 x 80 GiB by default) with a
+  token of the node daemon's ServiceAccount (kube-system/gpushare-devplugin).
+
+No kube-controller-manager runs. What its controllers would do, the harness does where the tests need it:
+- node lifecycle: the node agent removes the `node.kubernetes.io/not-ready` taint that TaintNodesByCondition puts on
+  its new Node once it is Ready; the harness removes it (as admin) if it is still there;
+- service accounts: each test namespace gets its `default` ServiceAccount (the ServiceAccount admission plugin
+  refuses pods without it);
+- namespaces: a test's pods are deleted at its end (a namespace's deletion would never finish without the
+  namespace controller);
+- garbage collection, ReplicaSets, Jobs: not needed; the tests create bare pods.
+Pods that end are finalized by the node agents (the kubelet's job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
+from tests.realk8s import books, kubeconfigs, manifests
+from tests.realk8s.binaries import E2E_BIN
+from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
+from tests.realk8s.processes import ComponentFailed, Proc, free_port
+
+REPO = manifests.REPO
+BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))  # REALK8S_BIN: binaries built elsewhere
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "nodeagent")
+MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
+ANN_ALLOCATED = "gpushare.io/allocated"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# On top of kube-apiserver's default admission plugins (NamespaceLifecycle, ServiceAccount, TaintNodesByCondition,
+# Priority, DefaultTolerationSeconds, ResourceQuota, PodSecurity, the webhooks, ...). NodeRestriction is left out:
+# the node agents remove their own not-ready taint (the node lifecycle controller's job, no controller-manager
+# runs), which NodeRestriction forbids a node to do.
+EXTRA_ADMISSION_PLUGINS: tuple[str, ...] = ()
+SERVICE_DNS = ("devplugin-scheduler.kube-system.svc", "devplugin-scheduler.kube-system.svc.cluster.local")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What to bring up."""
+
+    nodes: int = 4
+    gpus: int = 8
+    gpu_mib: int = 80 * 1024
+    mode: str = "core_mem"
+    placement: str = "binpack"
+    extender: bool = True  # kube-scheduler calls `devplugin scheduler`; False: the plain kube-scheduler
+    status_period: str = "10s"  # the node agents' status period (the kubelet's nodeStatusUpdateFrequency)
+
+
+def missing_binaries() -> list[str]:
+    return [b for b in BINARIES if not (BIN / b).exists()]
+
+
+def _https_get(url: str, ca: Path | None, client: Pair | None = None, timeout: float = 3.0) -> tuple[int, bytes]:
+    """GET over TLS checked against `ca` (None: kube-scheduler's self-signed serving certificate, not checked)."""
+    if ca is None:
+        ctx = ssl._create_unverified_context()
+    else:
+        ctx = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        ctx.load_cert_chain(str(client.cert), str(client.key))
+    with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
+        return resp.status, resp.read()
+
+
+def _http_json(url: str, body: Any = None, timeout: float = 10.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def node_gpus(node: str, count: int, memory_mib: int) -> list[FakeGPU]:
+    """The fake driver's GPUs of one node (UUIDs stable per node name)."""
+    return [FakeGPU(index=g, uuid=seed_uuid(g, node), name="NVIDIA A100-SXM4-80GB", memory_mib=memory_mib, minor=g,
+                    pci_bus_id=f"00000000:{0x10 + g:02X}:00.0", numa_node=0, sms=108, compute_capability=(8, 0))
+            for g in range(count)]
+
+
+@dataclass
+class Node:
+    """One node: its node agent (the kubelet's device manager) and its node daemon on the fake driver."""
+
+    name: str
+    root: Path
+    driver: FakeDriver
+    agent: Proc
+    daemon: Proc
+    health_port: int
+    control: str = ""  # the agent's control API, http://127.0.0.1:PORT
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "device-plugins"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.root / "pod-resources" / "kubelet.sock"
+
+    def start_agent(self) -> None:
+        since = len(self.agent.text())
+        self.agent.start()
+        m = self.agent.wait_for_line(r"nodeagent: control listening on (http://\S+)", timeout=60, since=since)
+        self.control = m.group(1)
+
+    def start_daemon(self) -> None:
+        self.daemon.start()
+
+    def wait_daemon_ready(self, timeout: float = 60) -> None:
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        self.daemon.wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, "ready", timeout)
+
+    def books(self) -> dict[str, Any]:
+        """The agent's books: capacity, allocatable, healthy device IDs, and the devices of each pod's containers
+        as the kubelet's device manager holds them."""
+        out: dict[str, Any] = _http_json(self.control + "/books")
+        return out
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The device manager's checkpoint (kubelet_internal_checkpoint): per pod, container and resource, the
+        device IDs and the plugin's AllocateResponse as the kubelet stored it."""
+        out: dict[str, Any] = json.loads((self.plugin_dir / "kubelet_internal_checkpoint").read_text())
+        return out
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.agent.stop()
+
+
+@dataclass
+class Cluster:
+    """The components, their identities and the admin's client."""
+
+    root: Path
+    spec: Spec
+    pki: Pki | None = None
+    procs: dict[str, Proc] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    api_port: int = 0
+    extender_port: int = 0
+    scheduler_port: int = 0
+    admin: Path = Path()
+    admin_cert: Pair | None = None
+    api_client: k8s.ApiClient | None = None
+    applied: str = ""  # kubectl apply's output for the project's manifests
+    etcd_url: str = ""
+    server: str = ""  # https://127.0.0.1:PORT (kube-apiserver)
+    extender_base: str = ""  # https://127.0.0.1:PORT (devplugin scheduler)
+    scheduler_configs: dict[bool, Path] = field(default_factory=dict)
+    extender_in_use: bool = True
+    took: float = 0.0  # seconds the bring-up took
+    objects: list[dict[str, Any]] = field(default_factory=list)  # the project's manifests as applied
+    service_args: list[str] = field(default_factory=list)  # the Deployment's `devplugin scheduler` arguments
+
+    # --- bring-up ------------------------------------------------------------------------------------------------
+    def start(self) -> Cluster:
+        missing = missing_binaries()
+        if missing:
+            raise ComponentFailed(f"missing {', '.join(missing)} in {BIN}: run `make e2e-bin` (the first build of "
+                                  "Kubernetes takes about 5 minutes on 2 cores)")
+        t0 = time.monotonic()
+        pki = self.pki = make_pki(self.root / "pki")
+        sa = service_account_keys(pki.dir)
+        self._start_etcd()
+        self._start_apiserver(pki, sa)
+        self._apply_manifests(pki)
+        self._start_extender(pki)
+        self._start_scheduler(pki, self.spec.extender)
+        self._start_nodes(pki)
+        self.took = time.monotonic() - t0
+        return self
+
+    def _proc(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(name, cmd, self.root / "logs" / f"{name}.log", env=env or dict(os.environ))
+        self.procs[name] = proc
+        return proc
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        etcd = self._proc("etcd", [str(BIN / "etcd"), "--data-dir", str(self.root / "etcd"),
+                                   "--listen-client-url", self.etcd_url,
+                                   "--listen-peer-url", f"http://127.0.0.1:{peer}"])
+        etcd.start().wait_for_line(r"etcd ready on", timeout=30)
+
+    def _start_apiserver(self, pki: Pki, sa: Pair) -> None:
+        self.api_port = free_port()
+        self.server = f"https://127.0.0.1:{self.api_port}"
+        serving = pki.issue("apiserver", "kube-apiserver", server=True, ips=("127.0.0.1", "10.0.0.1"),
+                            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"))
+        self.admin_cert = pki.issue("admin", "realk8s-admin", orgs=("system:masters",))
+        self.admin = kubeconfigs.write(pki.dir / "admin.kubeconfig", self.server, pki.ca.cert, "admin",
+                                       cert=self.admin_cert)
+        cmd = [str(BIN / "kube-apiserver"),
+               f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", f"--secure-port={self.api_port}",
+               "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+               f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
+               f"--client-ca-file={pki.ca.cert}", f"--cert-dir={self.root / 'apiserver'}",
+               "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+               f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
+               "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=Node,RBAC",
+               f"--enable-admission-plugins={','.join(EXTRA_ADMISSION_PLUGINS)}" if EXTRA_ADMISSION_PLUGINS else "",
+               "--profiling=false", "--v=1"]
+        cmd = [a for a in cmd if a]
+        api = self._proc("kube-apiserver", cmd)
+        api.start()
+        api.wait_until(lambda: _https_get(self.server + "/readyz", pki.ca.cert, self.admin_cert)[0] == 200,
+                       "ready (/readyz)", timeout=90)
+        self.api_client = self.new_client()
+
+    def new_client(self, pool: int = 32) -> k8s.ApiClient:
+        """An admin client of its own (its own connection pool)."""
+        cfg = k8s.Configuration()
+        k8s_config.load_kube_config(config_file=str(self.admin), client_configuration=cfg)
+        cfg.connection_pool_maxsize = pool
+        return k8s.ApiClient(cfg)
+
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api_client)
+
+    def _apply_manifests(self, pki: Pki) -> None:
+        self.extender_port = free_port()
+        self.extender_base = f"https://127.0.0.1:{self.extender_port}"
+        objects = manifests.adapt(manifests.render(), self.extender_base, pki.ca.cert.read_bytes())
+        self.applied = manifests.apply(objects, self.admin)
+        for ns in ("default", "kube-system"):  # the service-account controller's job
+            self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        self.service_args = manifests.scheduler_service_args(objects)
+        self.objects = objects
+
+    def _start_extender(self, pki: Pki) -> None:
+        serving = pki.issue("devplugin-scheduler", "devplugin-scheduler", server=True, dns=SERVICE_DNS,
+                            ips=("127.0.0.1",))
+        token = kubeconfigs.service_account_token(self.admin, "kube-system", "devplugin-scheduler")
+        kc = kubeconfigs.write(pki.dir / "devplugin-scheduler.kubeconfig", self.server, pki.ca.cert,
+                               "devplugin-scheduler", token=token)
+        args = manifests.with_flags(self.service_args, {
+            "--address": "127.0.0.1", "--port": str(self.extender_port), "--tls-cert-file": str(serving.cert),
+            "--tls-private-key-file": str(serving.key), "--client-ca-file": str(pki.ca.cert),
+            "--kubeconfig": str(kc), "--log-format": "text"})
+        self._proc("devplugin-scheduler", [sys.executable, "-m", "devplugin", *args],
+                   env={**os.environ, "POD_NAME": "devplugin-scheduler-0"})
+        self.start_extender()
+
+    def restart_apiserver(self, down_s: float = 10.0) -> None:
+        """Stop kube-apiserver, leave it down `down_s` seconds, start it again on the same port and wait for it."""
+        assert self.pki is not None and self.admin_cert is not None
+        api = self.procs["kube-apiserver"]
+        api.stop()
+        time.sleep(down_s)
+        api.start()
+        api.wait_until(lambda: _https_get(self.server + "/readyz", self.pki.ca.cert, self.admin_cert)[0] == 200,  # type: ignore[union-attr]
+                       "ready (/readyz) again", timeout=90)
+
+    def start_extender(self) -> None:
+        assert self.pki is not None
+        ext = self.procs["devplugin-scheduler"]
+        ext.start()
+        ext.wait_until(lambda: _https_get(self.extender_base + "/readyz", self.pki.ca.cert)[0] == 200,  # type: ignore[union-attr]
+                       "ready (/readyz)", timeout=60)
+
+    def _start_scheduler(self, pki: Pki, extender: bool) -> None:
+        cert = pki.issue("kube-scheduler", "system:kube-scheduler")
+        kc = kubeconfigs.write(pki.dir / "kube-scheduler.kubeconfig", self.server, pki.ca.cert,
+                               "kube-scheduler", cert=cert)
+        client = pki.issue("kube-scheduler-extender-client", "kube-scheduler")  # for the extender's verbs
+        for with_ext in (True, False):
+            cfg = manifests.scheduler_config(kc, self.extender_base if with_ext else None, pki.ca.cert,
+                                             (client.cert, client.key))
+            path = self.root / f"kube-scheduler-{'extender' if with_ext else 'plain'}.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            self.scheduler_configs[with_ext] = path
+        self.scheduler_port = free_port()
+        self._proc("kube-scheduler", [])
+        self.use_scheduler(extender)
+
+    def use_scheduler(self, extender: bool) -> None:
+        """(Re)start kube-scheduler with the shipped configuration (extender True) or without its extender."""
+        sched = self.procs["kube-scheduler"]
+        sched.stop()
+        sched.cmd = [str(BIN / "kube-scheduler"), f"--config={self.scheduler_configs[extender]}",
+                     "--bind-address=127.0.0.1", f"--secure-port={self.scheduler_port}", "--v=2"]
+        self.extender_in_use = extender
+        sched.start()
+        sched.wait_until(
+            lambda: _https_get(f"https://127.0.0.1:{self.scheduler_port}/healthz", None)[0] == 200,
+            "healthy", timeout=60)
+
+    def _start_nodes(self, pki: Pki) -> None:
+        for i in range(self.spec.nodes):
+            name = f"gpu-node-{i}"
+            root = self.root / f"n{i}"
+            (root / "device-plugins").mkdir(parents=True, exist_ok=True)
+            (root / "pod-resources").mkdir(parents=True, exist_ok=True)
+            driver = FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib))
+            cert = pki.issue(f"node-{i}", f"system:node:{name}", orgs=("system:nodes",))
+            node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
+                                        cert=cert)
+            agent = self._proc(f"{name}-agent", [
+                str(BIN / "nodeagent"), "--node-name", name, "--root", str(root), "--kubeconfig", str(node_kc),
+                "--status-period", self.spec.status_period, "--control-addr", "127.0.0.1:0"])
+            daemon_kc = root / "gpushare-devplugin.kubeconfig"  # written once the Node exists (below)
+            health = free_port()
+            daemon = self._proc(f"{name}-daemon", [
+                sys.executable, "-m", "devplugin", "serve", "--node-name", name, "--kubeconfig", str(daemon_kc),
+                "--plugin-dir", str(root / "device-plugins"),
+                "--pod-resources-socket", str(root / "pod-resources" / "kubelet.sock"),
+                "--mode", self.spec.mode, "--shim", "off", "--state-dir", str(root / "state"),
+                "--shim-state-dir", str(root / "shim"), "--health-port", str(health)],
+                env={**os.environ, **driver.env()})
+            self.nodes.append(Node(name, root, driver, agent, daemon, health))
+        for node in self.nodes:
+            node.agent.start()
+        for node in self.nodes:
+            m = node.agent.wait_for_line(r"nodeagent: control listening on (http://\S+)", timeout=60)
+            node.control = m.group(1)
+        for node in self.nodes:
+            self._wait(lambda n=node: self._node_or_none(n.name) is not None, f"Node {node.name} registered", 30)
+            self.label_node(node.name, {"ack.node.gpu.schedule": self.spec.mode,
+                                        "ack.node.gpu.placement": self.spec.placement})
+            body = manifests.daemonset_pod(self.objects, node.name)
+            dpod = self.core.create_namespaced_pod("kube-system", body)
+            token = kubeconfigs.service_account_token(self.admin, "kube-system", "gpushare-devplugin",
+                                                      (dpod.metadata.name, dpod.metadata.uid))
+            kubeconfigs.write(node.root / "gpushare-devplugin.kubeconfig", self.server, pki.ca.cert,
+                              "gpushare-devplugin", token=token)
+        for node in self.nodes:
+            node.start_daemon()
+        for node in self.nodes:
+            node.wait_daemon_ready()
+        for node in self.nodes:
+            self.wait_node_serving(node)
+
+    # --- nodes -------------------------------------------------------------------------------------------------
+    def _node_or_none(self, name: str) -> k8s.V1Node | None:
+        try:
+            return self.core.read_node(name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def label_node(self, name: str, labels: dict[str, str | None]) -> None:
+        self.core.patch_node(name, {"metadata": {"labels": labels}})
+
+    def wait_node_serving(self, node: Node, timeout: float = 45) -> None:
+        """Until the Node is Ready, publishes every GPU in allocatable and the daemon's inventory, and carries no
+        not-ready taint (removed here as the node lifecycle controller would)."""
+        gpus, per = self.spec.gpus, self.spec.gpu_mib // 1024
+        want = {MEM: str(gpus * per), COUNT: str(gpus)}
+        if self.spec.mode == "core_mem":
+            want[CORE] = str(gpus * 100)
+
+        def serving() -> bool:
+            n = self.core.read_node(node.name)
+            ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+            if ready and any(t.key == NOT_READY_TAINT for t in (n.spec.taints or [])):
+                taints = [t for t in n.spec.taints if t.key != NOT_READY_TAINT]
+                self.core.patch_node(node.name, {"spec": {"taints": [self.api_client.sanitize_for_serialization(t)
+                                                                     for t in taints]}})
+                return False
+            alloc = n.status.allocatable or {}
+            return (ready and all(alloc.get(k) == v for k, v in want.items())
+                    and "gpushare.io/gpus" in (n.metadata.annotations or {}))
+
+        self._wait(serving, f"node {node.name} serving {want}", timeout, node)
+
+    def _wait(self, cond: Callable[[], bool], what: str, timeout: float, node: Node | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                logs = "" if node is None else f"\n{node.agent.tail(30)}\n{node.daemon.tail(30)}"
+                raise ComponentFailed(f"not {what} within {timeout:.0f} s{logs}")
+            time.sleep(0.2)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def books(self) -> dict[str, dict[str, Any]]:
+        return {n.name: n.books() for n in self.nodes}
+
+    def audit(self, settle: float = 10.0) -> list[str]:
+        """What the kubelets' books and checkpoints show against the promises: nothing held twice, no GPU whole
+        and sliced at once, no container split, every container's devices and envs equal to its pod's
+        gpushare.io/allocated record. Retried for `settle` seconds (records are written just after admission);
+        the violations still there then."""
+        deadline = time.monotonic() + settle
+        while True:
+            pods = self.core.list_pod_for_all_namespaces().items
+            allocated = {p.metadata.uid: (p.metadata.annotations or {})[ANN_ALLOCATED] for p in pods
+                         if ANN_ALLOCATED in (p.metadata.annotations or {})}
+            multi = {p.metadata.uid: int((p.metadata.labels or {})["aliyun.com/gpu-count"]) for p in pods
+                     if "aliyun.com/gpu-count" in (p.metadata.labels or {})}
+            b = self.books()
+            checkpoints = {n.name: n.checkpoint() for n in self.nodes}
+            bad = (books.double_allocations(b) + books.splits(b, multi) + books.records_agree(b, allocated)
+                   + books.envs_agree(b, checkpoints, allocated))
+            if not bad or time.monotonic() > deadline:
+                return bad
+            time.sleep(0.5)
+
+    # --- namespaces --------------------------------------------------------------------------------------------
+    def namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace with its default ServiceAccount (the service-account controller's job)."""
+        name = f"{prefix}-{os.urandom(3).hex()}"
+        self.core.create_namespace({"metadata": {"name": name}})
+        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+        return name
+
+    def clear_namespace(self, ns: str, timeout: float = 60) -> None:
+        """Delete the namespace's pods (at once) and wait until no node agent holds any of them."""
+        for pod in self.core.list_namespaced_pod(ns).items:
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self._wait(lambda: not any(p["namespace"] == ns for b in self.books().values() for p in b["pods"]),
+                   f"pods of {ns} gone from the node agents", timeout)
+        self.core.delete_namespace(ns)
+
+    # --- logs and teardown ---------------------------------------------------------------------------------------
+    def logs(self, lines: int = 40) -> str:
+        return "\n".join(f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items())
+
+    def stop(self) -> None:
+        order = [n for n in self.procs if n.endswith("-daemon")] + [n for n in self.procs if n.endswith("-agent")]
+        order += ["kube-scheduler", "devplugin-scheduler", "kube-apiserver", "etcd"]
+        for name in order:
+            if name in self.procs:
+                self.procs[name].stop()
+
+
+# --- pytest fixtures -----------------------------------------------------------------------------------------
+KEEP_ENV = "REALK8S_KEEP"  # set: leave the cluster's directory (logs, certificates, etcd) in /tmp
+
+
+@contextmanager
+def running(spec: Spec | None = None) -> Iterator[Cluster]:
+    """A started cluster, stopped (every process group) and removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix="rk-", dir="/tmp"))  # unix sockets need short paths
+    cluster = Cluster(root, spec or Spec())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        if not os.environ.get(KEEP_ENV):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def realk8s() -> Iterator[Cluster]:
+    """The session's cluster: 4 nodes x 8 GPUs x 80 GiB, kube-scheduler with the extender."""
+    with running() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def ns(realk8s: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the session's cluster for one test; its pods are deleted at the end, and the components'
+    logs printed when the test failed."""
+    failed = request.session.testsfailed
+    name = realk8s.namespace()
+    yield name
+    if request.session.testsfailed > failed:
+        print(realk8s.logs())
+    realk8s.clear_namespace(name)
+
+
+@pytest.fixture
+def make_cluster(request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    """Start a cluster of the test's own (`make_cluster(nodes=2, extender=False)`), for tests that break things;
+    stopped at the end, its logs printed when the test failed."""
+    stack = ExitStack()
+    made: list[Cluster] = []
+    failed = request.session.testsfailed
+
+    def make(**spec: Any) -> Cluster:
+        made.append(stack.enter_context(running(Spec(**spec))))
+        return made[-1]
+
+    with stack:
+        yield make
+        if request.session.testsfailed > failed:
+            for cluster in made:
+                print(cluster.logs())

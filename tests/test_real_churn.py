@@ -1,0 +1,39 @@
+"""Random churn over 4 nodes x 8 GPUs x 80 GiB with the real kube-scheduler, kubelet device managers and the
+project's extender and node daemons: seeded pods of 1 or 2 containers (1..40 GiB, 5..60 %), a few whole GPUs,
+pods deleted at random. With the extender nothing may go wrong; without it (the plain kube-scheduler, the same
+seed) the refusals are counted and reported by cause, and what must hold anyway is checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.realk8s.churn import run_churn
+from tests.realk8s.cluster import Cluster
+
+pytestmark = pytest.mark.realk8s
+
+SEED = 1414
+PODS = 160
+DELETE = 0.15  # of the running pods after each burst of 12: about 70 live, near the GPUs' compute
+
+
+def test_churn_with_the_extender_refuses_nothing_and_gives_nothing_twice(realk8s: Cluster, ns: str) -> None:
+    res = run_churn(realk8s.core, ns, realk8s.books, seed=SEED, pods=PODS, delete_fraction=DELETE)
+    print(res.report("with the extender"))
+    assert res.created == PODS and res.running > PODS // 2
+    assert res.refused == [], "refused by the node although the extender placed them"
+    assert res.pending_with_room == [], "left Pending while a node had room"
+    assert realk8s.audit() == []
+
+
+def test_churn_without_the_extender_counts_refusals_by_cause(realk8s: Cluster, ns: str) -> None:
+    realk8s.use_scheduler(extender=False)
+    try:
+        res = run_churn(realk8s.core, ns, realk8s.books, seed=SEED, pods=PODS, delete_fraction=DELETE)
+    finally:
+        realk8s.use_scheduler(extender=True)
+    print(res.report("without the extender (plain kube-scheduler)"))
+    assert res.created == PODS and res.running > PODS // 2
+    # every refusal comes from a node's admission, with the device manager's reason
+    assert all(msg.startswith("UnexpectedAdmissionError: ") for _, msg in res.refused), res.refused
+    assert realk8s.audit() == []

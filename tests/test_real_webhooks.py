@@ -1,0 +1,93 @@
+"""The project's admission webhooks as the real kube-apiserver calls them (registered by the shipped manifests,
+at the loopback URL): each rule denies with its message, a valid GPU pod runs, the mutating webhook hides the
+GPUs from CPU containers; with the service down, pods are refused (fail closed) except in kube-system."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.realk8s.cluster import Cluster
+from tests.realk8s.podspecs import Ask, pod, settled, wait_pods
+
+pytestmark = pytest.mark.realk8s
+
+
+def refused(cluster: Cluster, ns: str, body: dict) -> str:
+    """Create the pod; return the apiserver's refusal message (fails if the pod was created)."""
+    try:
+        cluster.core.create_namespaced_pod(ns, body)
+    except k8s.ApiException as exc:
+        return str(json.loads(exc.body).get("message", exc.body))
+    raise AssertionError(f"pod {body['metadata']['name']} was created; a refusal was expected")
+
+
+DENIED = [
+    ("core-not-step", [Ask(mem=4, core=33)], {},
+     "gpu-core.percentage 33 is not a valid compute share; ask for a multiple of 5"),
+    ("core-without-mem", [Ask(core=30)], {}, "gpu-core.percentage needs gpu-mem; add a gpu-mem limit"),
+    ("larger-than-gpu", [Ask(mem=81)], {},
+     "asks for 81 gpu-mem units but the largest GPU in the cluster has 80; ask for at most 80"),
+    ("uneven-multi-gpu", [Ask(mem=6)], {"aliyun.com/gpu-count": "4"}, "do not split evenly over 4 GPUs"),
+    ("count-with-share", [Ask(mem=4, count=1)], {}, "gpu-count (whole GPUs) cannot be combined with gpu-mem"),
+    ("reserved-env", [Ask(mem=4, env=(("LD_PRELOAD", "/x.so"),))], {}, "sets env LD_PRELOAD"),
+    ("multi-gpu-not-number", [Ask(mem=8)], {"aliyun.com/gpu-count": "two"}, "is not a whole number"),
+]
+
+
+@pytest.mark.parametrize(("name", "asks", "labels", "message"), DENIED, ids=[d[0] for d in DENIED])
+def test_validating_webhook_denies_each_rule_with_its_message(realk8s: Cluster, ns: str, name: str,
+                                                             asks: list[Ask], labels: dict, message: str) -> None:
+    why = refused(realk8s, ns, pod(name, asks, labels=labels))
+    assert 'admission webhook "validate.gpushare.io" denied the request' in why
+    assert message in why, why
+    assert realk8s.core.list_namespaced_pod(ns).items == []
+
+
+def test_requests_that_differ_from_limits_are_refused_by_the_apiserver_first(realk8s: Cluster, ns: str) -> None:
+    """Extended resources must have requests equal to limits: the apiserver's own validation says so before any
+    validating webhook is called (the webhook's rule for it is a second line for other API paths)."""
+    body = pod("req-neq-limit", [Ask(mem=4)])
+    body["spec"]["containers"][0]["resources"]["requests"] = {"aliyun.com/gpu-mem": "2"}
+    why = refused(realk8s, ns, body)
+    assert "aliyun.com/gpu-mem" in why and "must be equal to" in why, why
+
+
+def test_a_valid_gpu_pod_runs_on_the_gpu_recorded_and_cpu_containers_see_no_gpu(realk8s: Cluster, ns: str) -> None:
+    body = pod("ok", [Ask(mem=4, core=30, name="gpu"), Ask(name="cpu")])
+    realk8s.core.create_namespaced_pod(ns, body)
+    [p] = wait_pods(realk8s.core, ns, lambda ps: all(settled(x) for x in ps), "Running", timeout=60)
+    assert p.status.phase == "Running", p.status
+    envs = {c.name: {e.name: e.value for e in c.env or []} for c in p.spec.containers}
+    assert envs["cpu"].get("NVIDIA_VISIBLE_DEVICES") == "void"  # the mutating webhook
+    assert "NVIDIA_VISIBLE_DEVICES" not in envs["gpu"]
+    record = json.loads(p.metadata.annotations["gpushare.io/allocated"])
+    [share] = record["containers"]["gpu"]
+    assert (share["mem"], share["core"], record["node"]) == (4, 30, p.spec.node_name)
+    scheduled = json.loads(p.metadata.annotations["gpushare.io/scheduled"])
+    assert scheduled["containers"]["gpu"][0]["index"] == share["index"]
+
+
+def test_service_down_pods_refused_except_in_kube_system(realk8s: Cluster, ns: str) -> None:
+    """The validating webhook fails closed and sees every pod (any container could set NVIDIA_VISIBLE_DEVICES
+    itself): while the service is down no pod is created outside kube-system, which both webhooks leave out so
+    the control plane can always start."""
+    ext = realk8s.procs["devplugin-scheduler"]
+    ext.stop()
+    try:
+        for name, asks in (("gpu-while-down", [Ask(mem=4)]), ("cpu-while-down", [Ask()])):
+            why = refused(realk8s, ns, pod(name, asks))
+            assert 'failed calling webhook "validate.gpushare.io"' in why, why
+        realk8s.core.create_namespaced_pod("kube-system", pod("system-while-down", [Ask()]))
+        system = realk8s.core.read_namespaced_pod("system-while-down", "kube-system")
+        assert not any(e.name == "NVIDIA_VISIBLE_DEVICES" for e in system.spec.containers[0].env or [])
+    finally:
+        realk8s.start_extender()
+        try:
+            realk8s.core.delete_namespaced_pod("system-while-down", "kube-system", grace_period_seconds=0)
+        except k8s.ApiException:
+            pass
+    realk8s.core.create_namespaced_pod(ns, pod("gpu-after", [Ask(mem=4)]))
+    realk8s.core.create_namespaced_pod(ns, pod("cpu-after", [Ask()]))
