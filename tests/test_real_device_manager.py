@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from devplugin import contract as c
 from devplugin.allocation.units import decode_id
+from devplugin.api.podresources.v1 import api_pb2 as pr_pb2
+from devplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from tests.daemon_harness import CORE, COUNT, MEM, short_dir
 from tests.realk8s.agent import NodeAgent, pod_manifest
@@ -123,6 +126,28 @@ def test_bad_flags_exit_2_saying_what_to_change(root: Path) -> None:
     proc = subprocess.run([node.command()[0], "--root", str(root), "--standalone"], capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and "--node-name is required" in proc.stderr
+
+
+def test_pod_resources_lists_active_pods_only(agent: NodeAgent) -> None:
+    """The kubelet's PodResources server as the daemon reads it: List gives the active pods (1.36's default
+    KubeletPodResourcesListUseActivePods) with each container's devices; a rejected pod and an ended one are not
+    listed, and Get does not find the rejected one."""
+    with StubPlugin(agent.plugin_dir, DEV, 2):
+        agent.wait_books(lambda b: b["capacity"].get(DEV) == 2)
+        assert agent.admit(pod_manifest("held", "uid-held", [{DEV: 2}]))["admitted"] is True
+        assert agent.admit(pod_manifest("refused", "uid-refused", [{DEV: 1}]))["admitted"] is False
+        assert agent.admit(pod_manifest("ending", "uid-ending", [{}]))["admitted"] is True
+        agent.end("uid-ending")
+        with grpc.insecure_channel(f"unix://{agent.pod_resources_socket}") as channel:
+            stub = pr_grpc.PodResourcesListerStub(channel)
+            listed = stub.List(pr_pb2.ListPodResourcesRequest(), timeout=10)
+            got = {p.name: {c.name: sorted(i for d in c.devices for i in d.device_ids) for c in p.containers}
+                   for p in listed.pod_resources}
+            assert got == {"held": {"c0": devices_of(agent.books(), "uid-held", "c0")[DEV]}}
+            with pytest.raises(grpc.RpcError, match="pod refused in namespace default not found"):
+                stub.Get(pr_pb2.GetPodResourcesRequest(pod_name="refused", pod_namespace="default"), timeout=10)
+            allocatable = stub.GetAllocatableResources(pr_pb2.AllocatableResourcesRequest(), timeout=10)
+            assert sorted(i for d in allocatable.devices for i in d.device_ids) == ["dev-0", "dev-1"]
 
 
 # --- the project's node daemon against the real device manager ---
