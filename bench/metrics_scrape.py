@@ -125,10 +125,10 @@ def main() -> int:
                     got = kubelet.admit(PodSpec(name=f"c{i}", containers=[ContainerSpec(
                         name="main", limits={MEM: rng.randint(1, 4), CORE: 5})]))
                     ctr = got.containers[0]
-                    state = next(m.host_path for m in ctr.mounts if m.container_path == c.CONTAINER_STATE_DIR)
+                    cache = next(m.host_path for m in ctr.mounts if m.container_path == c.CONTAINER_SHARED_CACHE)
                     uuid = ctr.envs[c.ENV_NVIDIA_VISIBLE_DEVICES]
                     procs = [rng.randint(1, 512) << 20 for _ in range(rng.randint(1, 3))]
-                    (Path(state) / "usage.cache").write_bytes(usage_file(
+                    Path(cache).write_bytes(usage_file(
                         uuid, procs, rng.randint(0, 5), rng.randint(0, 10**10), rng.randint(0, 30)))
                 _, text = scrape(url)
                 series = text.count("gpushare_container_memory_used_bytes{")

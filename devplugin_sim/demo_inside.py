@@ -33,7 +33,7 @@ def inside_view(driver: FakeDriver, container: ContainerResult) -> list[str]:
     env.update({
         "LD_PRELOAD": mounts[contract.CONTAINER_LIB_PATH],
         contract.ENV_LIMITS_FILE: mounts[contract.CONTAINER_LIMITS_PATH],
-        contract.ENV_SHARED_CACHE: str(Path(mounts[contract.CONTAINER_STATE_DIR]) / "usage.cache"),
+        contract.ENV_SHARED_CACHE: mounts[contract.CONTAINER_SHARED_CACHE],
         contract.ENV_REAL_LIBCUDA: str(FAKE_CUDA), contract.ENV_REAL_LIBNVML: str(FAKE_NVML),
         "GS_PROBE_LIBCUDA": str(FAKE_CUDA), "GS_PROBE_LIBNVML": str(FAKE_NVML),
     })

@@ -19,7 +19,7 @@ from pathlib import Path
 from devplugin import contract as c
 
 _HEADER = struct.Struct("<QIII")  # magic, version, ndevices, nslots
-_SLOT = struct.Struct(f"<i12x{c.USAGE_DEVICES}Q")  # pid, (reserved, start time), used[]
+_SLOT = struct.Struct(f"<i{c.USAGE_SLOT_USED - 4}x{c.USAGE_DEVICES}Q")  # pid, (reserved, start time), used[]
 _STATS = struct.Struct("<QQQ")  # refused, refused_bytes, throttled_ns
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
