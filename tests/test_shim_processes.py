@@ -88,10 +88,11 @@ def test_a_reused_pid_does_not_keep_a_dead_process_s_memory(node):
 
 def test_racing_processes_and_threads_never_overshoot_the_limit_nor_leak(tmp_path):
     # The GPU has exactly the container's limit: if the shim ever let the container past it, the (fake) driver
-    # itself would have to refuse an allocation, which it counts as mem_oom.
+    # itself would have to refuse an allocation, which it counts as mem_oom. One thread alone can hold up to
+    # 8 x 256 MiB, so the limit is reached whether or not the machine lets the processes' threads overlap.
     node = make_node(tmp_path, n=1, memory_mib=1024)
     env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g")
-    procs = [start(env, "init", "ctx", 0, "ready", "hammer", 4, 20000, "96m", "counters") for _ in range(3)]
+    procs = [start(env, "init", "ctx", 0, "ready", "hammer", 4, 20000, "256m", "counters") for _ in range(3)]
     try:
         go_on_together(*procs)
         results = [until(proc, "counters")[-2:] for proc in procs]
