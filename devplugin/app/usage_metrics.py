@@ -61,8 +61,8 @@ def _number(value: float) -> str:
 
 def render(node_name: str, rows: list[ContainerGpuUse]) -> bytes:
     """The per-container families in Prometheus's text format (0.0.4). Written out here rather than through
-    prometheus_client's generic writer: each row's label set is escaped once for all its metrics, which makes a
-    node of 110 containers about thirty times cheaper to expose (bench/metrics_scrape.py)."""
+    prometheus_client's generic writer, which formats every sample's labels anew: each row's label set is escaped
+    once for all its metrics (a scrape's cost: bench/metrics_scrape.py)."""
     labels = [",".join(f'{k}="{_escape(v)}"' for k, v in zip(LABELS, (
         node_name, r.namespace, r.pod, r.container, str(r.gpu), r.uuid), strict=True)) for r in rows]
     out: list[str] = []
