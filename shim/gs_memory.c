@@ -251,11 +251,14 @@ static void give_back_in_stream_order(void *entry)
     free(entry);
 }
 
-/* cuMemFreeAsync frees when the stream reaches it: the charge goes back then, from a host function queued
- * behind the free. While the stream is being captured into a graph nothing is freed now (the graph's memory
- * stays reserved for the graph), and the charge stays. Without cuLaunchHostFunc the charge goes back at once. */
+/* cuMemFreeAsync frees when the stream reaches it: the charge goes back then. When the stream has finished all
+ * its work after the free was queued (cuStreamQuery: the free itself has run), at once; otherwise from a host
+ * function queued behind the free. While the stream is being captured into a graph nothing is freed now (the
+ * graph's memory stays reserved for the graph), and the charge stays. Without cuLaunchHostFunc the charge goes
+ * back at once. */
 static CUresult free_async(gs_pfn_cuMemFreeAsync real, gs_pfn_cuLaunchHostFunc host_fn,
-                           gs_pfn_cuStreamIsCapturing capturing, CUdeviceptr dptr, CUstream stream)
+                           gs_pfn_cuStreamIsCapturing capturing, gs_pfn_cuStreamQuery query, CUdeviceptr dptr,
+                           CUstream stream)
 {
     struct gs_ptr_entry e;
     int had = gs_free_begin(&gs_pointers, dptr, &e);
@@ -267,6 +270,10 @@ static CUresult free_async(gs_pfn_cuMemFreeAsync real, gs_pfn_cuLaunchHostFunc h
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
     if (capturing && capturing(stream, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)
         return rc;
+    if (query && query(stream) == CUDA_SUCCESS) { /* checked after the free was queued: it has run */
+        gs_free_entry(&e);
+        return rc;
+    }
     struct gs_ptr_entry *later = host_fn ? malloc(sizeof *later) : NULL;
     if (later) {
         *later = e;
@@ -283,12 +290,13 @@ static CUresult free_async(gs_pfn_cuMemFreeAsync real, gs_pfn_cuLaunchHostFunc h
 GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemFreeAsync);
-    return free_async(gs_cu.cuMemFreeAsync, gs_cu.cuLaunchHostFunc, gs_cu.cuStreamIsCapturing, dptr, stream);
+    return free_async(gs_cu.cuMemFreeAsync, gs_cu.cuLaunchHostFunc, gs_cu.cuStreamIsCapturing, gs_cu.cuStreamQuery,
+                      dptr, stream);
 }
 
 GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemFreeAsync_ptsz);
-    return free_async(gs_cu.cuMemFreeAsync_ptsz, gs_cu.cuLaunchHostFunc_ptsz, gs_cu.cuStreamIsCapturing_ptsz, dptr,
-                      stream);
+    return free_async(gs_cu.cuMemFreeAsync_ptsz, gs_cu.cuLaunchHostFunc_ptsz, gs_cu.cuStreamIsCapturing_ptsz,
+                      gs_cu.cuStreamQuery_ptsz, dptr, stream);
 }

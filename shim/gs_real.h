@@ -91,6 +91,8 @@
     X(cuLaunchHostFunc_ptsz, (CUstream stream, CUhostFn fn, void *data))                                  \
     X(cuStreamIsCapturing, (CUstream stream, int *status))                                                \
     X(cuStreamIsCapturing_ptsz, (CUstream stream, int *status))                                           \
+    X(cuStreamQuery, (CUstream stream))                                                                   \
+    X(cuStreamQuery_ptsz, (CUstream stream))                                                              \
     X(cuMemGetAddressRange_v2, (CUdeviceptr * base, size_t *size, CUdeviceptr dptr))
 
 #define GS_NVML_HOOKED(X)                                                            \

@@ -119,6 +119,14 @@ def test_a_stream_ordered_free_gives_back_when_the_stream_gets_there(node):
     assert used_in_view(steps[7]) == 0
 
 
+def test_a_stream_ordered_free_on_a_finished_stream_gives_back_at_once(node):
+    # Nothing queued: the stream has finished once the free is queued, so the charge goes back without waiting.
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CUDA_NS_PER_BLOCK=1000)
+    steps = run(env, "init", "ctx", 0, "async", "512m", "free", "meminfo")
+    assert steps[2]["rc"] == CUDA_SUCCESS and steps[3]["rc"] == CUDA_SUCCESS
+    assert used_in_view(steps[4]) == 0
+
+
 def test_without_a_current_context_an_allocation_never_reaches_the_driver(node):
     # Two GPUs, so the shim cannot guess the device: the driver's own error comes back and nothing is allocated.
     result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "nocontext", "alloc", "64m",

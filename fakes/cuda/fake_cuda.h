@@ -69,6 +69,8 @@ void fake_mem_give(int dev, uint64_t bytes);
 uint64_t fake_env_u64(const char *name, uint64_t dflt);
 /* Look a driver entry point up the way cuGetProcAddress does. NULL when there is none. */
 void *fake_proc_lookup(const char *symbol, int version, cuuint64_t flags, int *version_too_low);
+/* 1 while work this process queued on dev has not finished on the simulated GPU. */
+int fake_sim_busy(int dev);
 /* Wait until the simulated GPU has finished the work this process queued on dev. */
 void fake_sim_drain(int dev);
 /* Count bytes (negative: given back) as this process's device memory on dev, which NVML lists per process. */

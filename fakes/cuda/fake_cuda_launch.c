@@ -91,6 +91,12 @@ static CUresult run_kernel(uint64_t blocks)
     return CUDA_SUCCESS;
 }
 
+int fake_sim_busy(int dev)
+{
+    return dev >= 0 && dev < fake_device_count &&
+           __atomic_load_n(&last_end[dev], __ATOMIC_ACQUIRE) > fake_tl_now_ns();
+}
+
 void fake_sim_drain(int dev)
 {
     uint64_t end = __atomic_load_n(&last_end[dev], __ATOMIC_ACQUIRE), now = fake_tl_now_ns();

@@ -66,11 +66,32 @@ CUresult impl_cuStreamDestroy_v2(CUstream s)
 }
 FAKE_EXPORT(cuStreamDestroy_v2)
 
+/* A stream is done when the kernels this process queued on the simulated GPU have run (the fake keeps one queue
+ * per process and GPU, not one per stream). */
+static CUresult query(CUstream s)
+{
+    struct fake_stream *st = stream_of(s);
+    int dev;
+    if (!fake_initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (st)
+        dev = st->device;
+    else if (fake_current_device(&dev) != CUDA_SUCCESS)
+        return CUDA_SUCCESS;
+    return fake_sim_busy(dev) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
 CUresult impl_cuStreamQuery(CUstream s)
 {
-    return fake_initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; /* work is done when it is queued */
+    return query(s);
 }
 FAKE_EXPORT(cuStreamQuery)
+
+CUresult impl_cuStreamQuery_ptsz(CUstream s)
+{
+    return query(s);
+}
+FAKE_EXPORT(cuStreamQuery_ptsz)
 
 CUresult impl_cuStreamGetPriority(CUstream s, int *priority)
 {
