@@ -77,7 +77,7 @@ def cluster(nodes: int, rng: random.Random) -> tuple[ClusterState, list[str]]:
 def kube_scheduler_app(state: ClusterState) -> object:
     """The app as served: behind the client-certificate check, with this bench's connection named kube-scheduler."""
     peers = PeerNames()
-    peers._by_addr[CLIENT] = ("kube-scheduler",)  # what the TLS handshake of kube-scheduler's connection records
+    peers.note(CLIENT, ("kube-scheduler",))  # what the TLS handshake of kube-scheduler's connection records
     return ExtenderAuth(build_app(Service(state, NoApiserver())), peers, ["kube-scheduler"])
 
 

@@ -96,13 +96,13 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
     return problems
 
 
-def validate_update(pod: Mapping, old: Mapping) -> Verdict:
+def validate_update(pod: Mapping, old: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> Verdict:
     """An UPDATE: a container's env cannot change once the pod exists, so only ephemeral containers added now (by
     `kubectl debug`, the pods/ephemeralcontainers subresource) are checked."""
     before = {str(c.get("name")) for _, _, c in _containers(old, ("ephemeralContainers",))}
     added = [c for _, _, c in _containers(pod, ("ephemeralContainers",)) if str(c.get("name")) not in before]
     probe = {"metadata": pod.get("metadata") or {}, "spec": {"ephemeralContainers": added}}
-    problems = env_problems(probe)
+    problems = env_problems(probe, domain=domain)
     if problems:
         return Verdict(False, "; ".join(problems), rules=("reserved_env",))
     return Verdict(True)

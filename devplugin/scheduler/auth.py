@@ -44,9 +44,12 @@ class PeerNames:
         ssl_object = transport.get_extra_info("ssl_object")
         if not isinstance(peer, tuple) or ssl_object is None:
             return
-        names = certificate_names(ssl_object.getpeercert())
+        self.note((str(peer[0]), int(peer[1])), certificate_names(ssl_object.getpeercert()))
+
+    def note(self, addr: Address, names: tuple[str, ...]) -> None:
+        """Record a connection's verified names (what `opened` does from the TLS handshake)."""
         with self._lock:
-            self._by_addr[(str(peer[0]), int(peer[1]))] = names
+            self._by_addr[addr] = names
 
     def closed(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")

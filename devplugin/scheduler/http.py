@@ -231,7 +231,7 @@ def validate_endpoint(svc: Service, body: bytes) -> Response:
         svc.metrics.review("validate", "allowed")
         return _json(AdmissionReviewResponse(response=AdmissionResponse(uid=uid, allowed=True)))
     if review.request.operation == "UPDATE":
-        verdict = admission.validate_update(pod, review.request.oldObject or {})
+        verdict = admission.validate_update(pod, review.request.oldObject or {}, svc.state.domain)
     else:
         verdict = admission.validate(pod, svc.state.largest_gpu_units(), domain=svc.state.domain)
     svc.metrics.review("validate", "allowed" if verdict.allowed else "denied", verdict.rules)
