@@ -93,6 +93,7 @@ def test_stub_plugin_capacity_admission_freeing_and_restart(agent: NodeAgent, ro
         assert agent.admit(pod_manifest("one", "uid-one", [{DEV: 1}]))["admitted"] is True
         one = devices_of(agent.books(), "uid-one", "c0")[DEV]
         assert set(one).isdisjoint(held) and len(one) == 1
+    assert agent.stop() == 0  # SIGTERM: a clean exit
 
 
 def test_init_container_devices_go_to_the_app_container_and_sidecars_keep_theirs(agent: NodeAgent) -> None:
