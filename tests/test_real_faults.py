@@ -36,8 +36,9 @@ def inject(cluster: Cluster) -> object:
 
 @pytest.mark.xfail(strict=False, reason=(
     "issue 14, found by this harness (not among its listed defects): pods the extender binds to a node while its "
-    "node daemon restarts are refused by the kubelet ('no healthy devices present; cannot allocate unhealthy "
-    "devices'): the extender does not know the daemon is down. Not strict: it needs a bind inside the restart"))
+    "node daemon (or node agent) restarts are refused by the kubelet ('no healthy devices present; cannot "
+    "allocate unhealthy devices'): the extender does not know the node cannot admit them. Not strict: it needs "
+    "a bind inside the restart"))
 def test_faults_during_churn_lose_nothing_and_give_nothing_twice(make_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster = make_cluster()
     ns = cluster.namespace("faults")

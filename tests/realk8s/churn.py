@@ -172,8 +172,8 @@ class ChurnResult:
         lines = [f"{title}: {self.created} pods created, {self.deleted} deleted, {self.running} ran, "
                  f"{len(self.refused)} refused by their node, {len(self.pending)} left Pending "
                  f"({len(self.pending_with_room)} while a node had room); create to Running p50 {p50:.0f} ms, "
-                 f"p99 {p99:.0f} ms; {self.created / self.seconds if self.seconds else 0:.1f} pods/s over "
-                 f"{self.seconds:.1f} s"]
+                 f"p99 {p99:.0f} ms; {self.running / self.seconds if self.seconds else 0:.1f} admissions/s "
+                 f"(pods Running) over {self.seconds:.1f} s"]
         for why, n in self.causes().most_common():
             lines.append(f"  refused x{n}: {why}")
         return "\n".join(lines)
