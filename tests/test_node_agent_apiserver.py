@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -41,7 +42,7 @@ def wait(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     while True:
         try:
             got = pred()
-        except ApiException:
+        except (ApiException, urllib3.exceptions.HTTPError):  # an answer not yet wanted, or not listening yet
             got = None
         if got:
             return got
