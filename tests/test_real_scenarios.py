@@ -149,10 +149,6 @@ def test_sidecar_holds_its_own_devices_beside_the_app_container(realk8s: Cluster
     assert realk8s.audit() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 14, found by this harness (not among its listed defects): the kubelet hands a finished init "
-    "container's devices to the sidecar (restartPolicy: Always) that follows it, and the node daemon refuses "
-    "them as 'already held by' the init container (FailedPrecondition, UnexpectedAdmissionError)"))
 def test_sidecar_after_a_gpu_init_container_reuses_its_devices(realk8s: Cluster, ns: str) -> None:
     body = pod("init-sidecar", [Ask(mem=8, core=20, name="setup", init=True),
                                 Ask(mem=4, core=10, name="proxy", sidecar=True), Ask(mem=8, core=20, name="main")])

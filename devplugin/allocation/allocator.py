@@ -314,9 +314,9 @@ class Allocator(PairingFallback, ViewSync):
             pods = self.lookup.pods() if self.lookup else None
             pod = next((p for p in pods or () if p.uid == h.key.pod_uid), None)
             owner = pod.container(h.key.container) if pod else None
-            if pod is None or owner is None or not owner.init:
-                continue
-            app = next_app_container(pod, kind.value, amount, taken)
+            if pod is None or owner is None or not owner.init or owner.sidecar:
+                continue  # a sidecar keeps its devices for the pod's life: the kubelet hands on only an init's
+            app = next_app_container(pod, kind.value, amount, taken, owner.position)
             if app is not None:
                 return pod, app, tuple(sorted(h.gpus(), key=lambda u: self.node.by_uuid[u].index)), h.key
         return None

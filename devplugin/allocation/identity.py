@@ -68,12 +68,15 @@ def find_container(pods: Iterable[PodRequest], resource: str, amount: int,
 
 
 def next_app_container(pod: PodRequest, resource: str, amount: int,
-                       taken: Set[tuple[str, str]]) -> ContainerRequest | None:
-    """The app container of `pod` that reuses an init container's devices: the first one not yet placed that asks
-    for `amount` of `resource`."""
+                       taken: Set[tuple[str, str]], after: int = -1) -> ContainerRequest | None:
+    """The container of `pod` that reuses an init container's devices: the first one after position `after` (the
+    init container's), an app container or a sidecar (an init container with restartPolicy Always), not yet placed,
+    that asks for `amount` of `resource`."""
     recorded = recorded_containers(pod)
     for container in pod.containers:
-        if container.init or container.amount(resource) != amount:
+        if container.position <= after or (container.init and not container.sidecar):
+            continue
+        if container.amount(resource) != amount:
             continue
         if (pod.uid, container.name) in taken or container.name in recorded:
             continue
