@@ -20,3 +20,10 @@ def api() -> Iterator[FakeApiserver]:
     """The HTTP fake of the Kubernetes API, for the real `kubernetes` client."""
     with FakeApiserver() as fake:
         yield fake
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests on the real Kubernetes components run last: the session's cluster (apiserver, scheduler, extender,
+    four node agents and daemons) stays up from its first test to the end of the run, and its background work must
+    not share the 2 cores with the shim's and the fake driver's timing tests."""
+    items.sort(key=lambda item: item.get_closest_marker("realk8s") is not None)
