@@ -1,6 +1,8 @@
 """The admission policies of deploy/base/admission-policies.yaml, evaluated by the real kube-apiserver (1.36, from
 e2e/bin): a tenant cannot write the project's pod annotations, the extender's ServiceAccount can (through the
-Binding it creates), and a node daemon's pod-bound token of node A can patch node A and A's pods only.
+Binding it creates), and a node daemon's pod-bound token of node A can patch node A and A's pods only; another GPU
+scheduler's choice annotations (Alibaba's, ACK's) are written only by the users listed in the ConfigMap
+kube-system/gpushare-annotation-writers, which the cluster can extend without touching the policy.
 
 A bare apiserver (etcd and kube-apiserver; RBAC on; static tokens for the admin) is enough: the policies are the
 apiserver's own CEL, nothing of the project's code runs."""
@@ -114,15 +116,22 @@ def api() -> Iterator[Api]:
         a.kubectl("-n", NS, "create", "serviceaccount", "default")  # no controller-manager runs
         a.kubectl("-n", NS, "create", "role", "tenant", "--verb=create,get,patch,update", "--resource=pods")
         a.kubectl("-n", NS, "create", "rolebinding", "tenant", "--role=tenant", "--user=tenant")
+        # what the other GPU schedulers' own RBAC grants them: patch pods and bind them
+        a.kubectl("-n", NS, "create", "role", "scheduler", "--verb=get,patch", "--resource=pods")
+        a.kubectl("-n", NS, "create", "role", "binder", "--verb=create", "--resource=pods/binding")
+        for role in ("scheduler", "binder"):
+            a.kubectl("-n", NS, "create", "rolebinding", role, f"--role={role}", f"--user={KUBE_SCHEDULER}",
+                      f"--user={ALIBABA_EXTENDER}", f"--user={OTHER_SCHEDULER}")
         for node in ("a", "b"):
             assert a.call("POST", f"/api/v1/namespaces/{NS}/pods", _pod(f"on-{node}", f"node-{node}"),
                           user="tenant")[0] == 201
-        # a policy takes effect once the apiserver has compiled it: wait until a forged pod is refused
-        while a.call("POST", f"/api/v1/namespaces/{NS}/pods", _pod("probe", annotations={ALLOCATED: "{}"}),
-                     user="tenant")[0] == 201:
-            a.kubectl("-n", NS, "delete", "pod", "probe", "--wait=false")
-            assert time.monotonic() < deadline, "the admission policies never took effect"
-            time.sleep(0.5)
+        # a policy takes effect once the apiserver has compiled it: wait until a forged pod is refused by each
+        for key in (ALLOCATED, ALIYUN_IDX):
+            while a.call("POST", f"/api/v1/namespaces/{NS}/pods", _pod("probe", annotations={key: "0"}),
+                         user="tenant")[0] == 201:
+                a.kubectl("-n", NS, "delete", "pod", "probe", "--wait=false")
+                assert time.monotonic() < deadline, f"the admission policy on {key} never took effect"
+                time.sleep(0.5)
         yield a
     finally:
         for p in reversed(procs):
@@ -133,6 +142,12 @@ def api() -> Iterator[Api]:
 
 
 ALLOCATED = "gpushare.io/allocated"
+ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
+ACK_ALLOCATION = "scheduler.framework.gpushare.allocation"
+KUBE_SCHEDULER = "system:kube-scheduler"  # ACK's scheduler plugins run inside kube-scheduler
+ALIBABA_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"  # Alibaba's deploy YAML
+WRITERS = "gpushare-annotation-writers"
+OTHER_SCHEDULER = "system:serviceaccount:gpu-system:volcano-scheduler"  # not listed by default
 
 
 def _pod(name: str, node: str = "", annotations: dict[str, str] | None = None) -> dict:
@@ -148,13 +163,73 @@ def _annotate(key: str, value: str | None) -> dict:
 
 
 def test_a_tenant_cannot_create_a_pod_with_the_projects_annotations(api: Api) -> None:
-    for key in (ALLOCATED, "gpushare.io/scheduled", "scheduler.framework.gpushare.allocation",
-                "ALIYUN_COM_GPU_MEM_IDX"):
+    for key in (ALLOCATED, "gpushare.io/scheduled"):
         code, msg = api.call("POST", f"/api/v1/namespaces/{NS}/pods", _pod("forger", annotations={key: "0"}),
                              user="tenant")
         assert code == 403, msg
         assert f"gpushare: annotation(s) {key} say which GPUs a pod holds; only the gpushare scheduler extender and " \
                "the node daemon of the pod's own node may set them (request by tenant)" in msg
+
+
+def _third_party_refusal(keys: str, user: str) -> str:
+    return (f"gpushare: annotation(s) {keys} are another GPU scheduler's choice; only the users listed in ConfigMap "
+            f"kube-system/{WRITERS} (key usernames), the gpushare scheduler extender and the node daemon of the "
+            f"pod's own node may set them (request by {user}); remove them from the pod (or its template), or add "
+            "the scheduler that writes them to that ConfigMap")
+
+
+def test_a_tenant_cannot_write_another_schedulers_choice(api: Api) -> None:
+    for key in (ALIYUN_IDX, "ALIYUN_COM_GPU_MEM_ASSUME_TIME", ACK_ALLOCATION,
+                "gpushare.alibabacloud.com/core-percentage", "scheduler.framework.gpushare.assigned"):
+        code, msg = api.call("POST", f"/api/v1/namespaces/{NS}/pods", _pod("forger", annotations={key: "0"}),
+                             user="tenant")
+        assert (code, msg.split("denied request: ")[-1]) == (403, _third_party_refusal(key, "tenant"))
+    code, msg = api.call("PATCH", f"/api/v1/namespaces/{NS}/pods/on-a", _annotate(ACK_ALLOCATION, '{"0":{"3":8}}'),
+                         user="tenant")
+    assert (code, msg.split("denied request: ")[-1]) == (403, _third_party_refusal(ACK_ALLOCATION, "tenant"))
+
+
+def test_the_listed_schedulers_write_their_choice_at_bind_but_not_the_projects(api: Api) -> None:
+    """As Alibaba's extender and ACK's plugins do at bind: patch the pending pod's annotations, then bind it."""
+    for name, user, choice in (("alibaba", ALIBABA_EXTENDER, {ALIYUN_IDX: "3", "ALIYUN_COM_GPU_MEM_POD": "12",
+                                                               "ALIYUN_COM_GPU_MEM_ASSIGNED": "false"}),
+                               ("ack", KUBE_SCHEDULER, {ACK_ALLOCATION: '{"0":{"5":12}}',
+                                                        "scheduler.framework.gpushare.assigned": "false"})):
+        assert api.call("POST", f"/api/v1/namespaces/{NS}/pods", _pod(name), user="tenant")[0] == 201
+        path = f"/api/v1/namespaces/{NS}/pods/{name}"
+        assert api.call("PATCH", path, {"metadata": {"annotations": choice}}, user=user) == (200, "")
+        code, msg = api.call("PATCH", path, _annotate(ALLOCATED, "{}"), user=user)
+        assert code == 403 and f"(request by {user})" in msg and "say which GPUs a pod holds" in msg, msg
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": NS},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}}
+        assert api.call("POST", f"{path}/binding", binding, user=user) == (201, "")
+        pod = json.loads(api.kubectl("-n", NS, "get", "pod", name, "-o", "json"))
+        assert pod["spec"]["nodeName"] == "node-a"
+        assert {k: pod["metadata"]["annotations"][k] for k in choice} == choice
+    # the node daemon of the pod's node marks Alibaba's choice as placed
+    daemon_a = api.token("gpushare-devplugin", node="node-a")
+    assert api.call("PATCH", f"/api/v1/namespaces/{NS}/pods/alibaba",
+                    _annotate("ALIYUN_COM_GPU_MEM_ASSIGNED", "true"), token=daemon_a) == (200, "")
+
+
+def test_another_scheduler_is_allowed_by_adding_its_user_to_the_configmap(api: Api) -> None:
+    other = OTHER_SCHEDULER
+    path = f"/api/v1/namespaces/{NS}/pods/on-b"
+    code, msg = api.call("PATCH", path, _annotate(ALIYUN_IDX, "1"), user=other)
+    assert (code, msg.split("denied request: ")[-1]) == (403, _third_party_refusal(ALIYUN_IDX, other))
+    writers = json.loads(api.kubectl("-n", "kube-system", "get", "configmap", WRITERS, "-o", "json"))
+    usernames = writers["data"]["usernames"]
+    api.kubectl("-n", "kube-system", "patch", "configmap", WRITERS, "--type=merge",
+                "-p", json.dumps({"data": {"usernames": usernames + f"  {other}  \n"}}))
+    try:
+        deadline = time.monotonic() + 30  # the apiserver reads the parameter from its informer
+        while (result := api.call("PATCH", path, _annotate(ALIYUN_IDX, "1"), user=other))[0] == 403:
+            assert time.monotonic() < deadline, result
+            time.sleep(0.3)
+        assert result == (200, "")
+    finally:
+        api.kubectl("-n", "kube-system", "patch", "configmap", WRITERS, "--type=merge",
+                    "-p", json.dumps({"data": {"usernames": usernames}}))
 
 
 def test_a_tenant_cannot_set_change_or_remove_them_later_but_may_set_others(api: Api) -> None:

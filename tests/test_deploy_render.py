@@ -80,7 +80,8 @@ def test_overlays_add_up() -> None:
     node, extender, second = (kinds(n) for n in OVERLAYS)
     assert ("DaemonSet", "gpushare-devplugin") in node
     assert {k for k, _ in node} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
-                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap"}
+    assert ("ConfigMap", "gpushare-annotation-writers") in node  # the third-party annotations policy's parameter
     assert node < extender < second
     assert {("Deployment", "devplugin-scheduler"), ("ValidatingWebhookConfiguration", "devplugin-scheduler"),
             ("MutatingWebhookConfiguration", "devplugin-scheduler"), ("Certificate", "devplugin-scheduler")} <= extender
@@ -128,6 +129,13 @@ def test_every_name_an_object_uses_resolves_within_the_render(name: str) -> None
         assert builtin or (kind, role_ns, ref) in have, f"{binding['metadata']['name']} binds {ref}: not rendered"
         for subject in binding["subjects"]:
             assert ("ServiceAccount", subject["namespace"], subject["name"]) in have, binding["metadata"]["name"]
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
+        policy = policies[binding["spec"]["policyName"]]
+        param_kind, ref = policy["spec"].get("paramKind"), binding["spec"].get("paramRef")
+        assert (param_kind is None) == (ref is None), binding["metadata"]["name"]
+        if ref is not None:
+            assert (param_kind["kind"], ref["namespace"], ref["name"]) in have, binding["metadata"]["name"]
     for config in (o for o in objects if o["kind"].endswith("WebhookConfiguration")):
         for hook in config["webhooks"]:
             svc = hook["clientConfig"]["service"]

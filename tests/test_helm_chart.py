@@ -249,3 +249,20 @@ def test_notes_say_which_label_to_set_next(tmp_path: Path) -> None:
     assert "aliyun.com/gpu-mem" in text and "extender" not in text
     text = notes(tmp_path / "second", "scheduler.enabled=true", "secondScheduler.enabled=true")
     assert "spec.schedulerName: gpushare-scheduler" in text and "cert-manager" in text
+
+
+def test_annotation_writers_are_the_third_party_policys_parameter() -> None:
+    """`annotationWriters` lists the users the policy gpushare-third-party-annotations lets write another
+    scheduler's choice annotations: the ConfigMap its binding names, in the release's namespace."""
+    writers = ["system:serviceaccount:gpu-system:volcano-scheduler", "system:kube-scheduler"]
+    keyed = by_key(render(f"json:annotationWriters={json.dumps(writers)}", namespace="gpu-system"))
+    binding = keyed[("ValidatingAdmissionPolicyBinding", "", "gpushare-third-party-annotations")]
+    ref = binding["spec"]["paramRef"]
+    assert (ref["namespace"], ref["parameterNotFoundAction"]) == ("gpu-system", "Deny")
+    config = keyed[("ConfigMap", "gpu-system", ref["name"])]
+    assert config["data"]["usernames"].split("\n") == [*writers, ""]
+    policy = keyed[("ValidatingAdmissionPolicy", "", "gpushare-third-party-annotations")]
+    assert "gpu-system/gpushare-annotation-writers" in policy["spec"]["validations"][0]["messageExpression"]
+    args = ["template", "gpushare", str(CHART), "--namespace", "kube-system", "--set-json", 'annotationWriters=["a b"]']
+    out = run_helm(*args)
+    assert out.returncode != 0 and "annotationWriters" in out.stderr, out.stderr

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
+from tests.realk8s import other_schedulers
 from tests.realk8s.books import holdings
 from tests.realk8s.cluster import Cluster
 from tests.realk8s.podspecs import Ask, describe, on_node, pod, settled, unschedulable, wait_pods
@@ -82,40 +84,53 @@ def _wait_unschedulable(cluster: Cluster, ns: str, name: str, timeout: float = 3
         time.sleep(0.2)
 
 
-ANNOTATIONS_REFUSED = pytest.mark.xfail(strict=True, reason=(
-    "issue 14 asks that Alibaba's and ACK's annotations be honoured, but the shipped admission policy "
-    "gpushare-pod-annotations (deploy/base/admission-policies.yaml) refuses any pod created with them by an "
-    "identity other than the extender's or the node daemon's, so another scheduler's choice never reaches the "
-    "daemon: one of the two has to give"))
+def _placed_by(cluster: Cluster, ns: str, body: dict, scheduler: k8s.CoreV1Api, node: str,
+               choice: dict[str, str]) -> k8s.V1Pod:
+    """Create the pod (as its owner would: no choice annotations) for the other scheduler, which writes its choice
+    and binds it to `node` as it does at bind; the pod once Running."""
+    body["spec"]["schedulerName"] = other_schedulers.SCHEDULER_NAME
+    cluster.core.create_namespaced_pod(ns, body)
+    other_schedulers.bind_with_choice(scheduler, ns, body["metadata"]["name"], node, choice)
+    return running(cluster, ns, [body["metadata"]["name"]])[body["metadata"]["name"]]
 
 
-@ANNOTATIONS_REFUSED
-def test_alibaba_gpu_index_annotation_is_honoured(realk8s: Cluster, ns: str) -> None:
-    node = realk8s.nodes[1].name
-    body = pod("aliyun", [Ask(mem=12)], node_name=node, annotations={
+def test_alibaba_gpu_index_annotation_is_honoured(realk8s: Cluster, ns: str, tmp_path: Path) -> None:
+    assert realk8s.pki is not None
+    extender = other_schedulers.alibaba_extender(realk8s.api_client, realk8s.admin, realk8s.server,
+                                                 realk8s.pki.ca.cert, tmp_path / "alibaba.kubeconfig")
+    p = _placed_by(realk8s, ns, pod("aliyun", [Ask(mem=12)]), extender, realk8s.nodes[1].name, {
         "ALIYUN_COM_GPU_MEM_IDX": "3", "ALIYUN_COM_GPU_MEM_POD": "12", "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
         "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(time.time_ns())})
-    realk8s.core.create_namespaced_pod(ns, body)
-    p = running(realk8s, ns, ["aliyun"])["aliyun"]
     assert [s["index"] for s in record(p)["containers"]["c0"]] == [3]
     assert held_by(realk8s, p) == {"c0": {"3": {"m": 12}}}
-    assert p.metadata.annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "true"
+    assert _annotation(realk8s, p, "ALIYUN_COM_GPU_MEM_ASSIGNED") == "true"
     assert realk8s.audit() == []
 
 
-@ANNOTATIONS_REFUSED
 def test_ack_allocation_annotations_are_honoured_per_container(realk8s: Cluster, ns: str) -> None:
-    node = realk8s.nodes[2].name
-    body = pod("ack", [Ask(mem=12, core=30), Ask(mem=8, core=20)], node_name=node, annotations={
+    assert realk8s.pki is not None
+    scheduler = other_schedulers.kube_scheduler(realk8s.api_client, realk8s.pki.dir / "kube-scheduler.kubeconfig")
+    body = pod("ack", [Ask(mem=12, core=30), Ask(mem=8, core=20)])
+    p = _placed_by(realk8s, ns, body, scheduler, realk8s.nodes[2].name, {
         "scheduler.framework.gpushare.allocation": json.dumps({"0": {"5": 12}, "1": {"6": 8}}),
         "gpushare.alibabacloud.com/core-percentage": json.dumps({"0": {"5": 30}, "1": {"6": 20}}),
         "scheduler.framework.gpushare.assigned": "false",
         "scheduler.framework.gpushare.assume-time": str(time.time_ns())})
-    realk8s.core.create_namespaced_pod(ns, body)
-    p = running(realk8s, ns, ["ack"])["ack"]
     assert held_by(realk8s, p) == {"c0": {"5": {"m": 12, "c": 30}}, "c1": {"6": {"m": 8, "c": 20}}}
-    assert p.metadata.annotations["scheduler.framework.gpushare.assigned"] == "true"
+    assert _annotation(realk8s, p, "scheduler.framework.gpushare.assigned") == "true"
     assert realk8s.audit() == []
+
+
+def _annotation(cluster: Cluster, p: k8s.V1Pod, key: str, timeout: float = 10) -> str:
+    """The pod's annotation `key` once the node daemon has marked the choice as placed (its record is written
+    first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = (cluster.core.read_namespaced_pod(p.metadata.name, p.metadata.namespace).metadata.annotations
+                 or {}).get(key, "")
+        if value == "true" or time.monotonic() > deadline:
+            return str(value)
+        time.sleep(0.2)
 
 
 def test_multi_gpu_label_splits_each_container_evenly(realk8s: Cluster, ns: str) -> None:
