@@ -399,9 +399,17 @@ def test_an_init_container_whose_devices_an_app_container_reuses_holds_no_room_o
              "metadata": {**p["metadata"], "annotations": cluster.bound[0][2]}}
     assert [g.mem_used for g in state_with(node("n1", gpus=2, units=6), pods=(bound, held(0, 1))).view("n1").gpus] \
         == [5, 0]
-    # Different amounts: no reuse to count on, both held while the pod starts (4 + 3 do not fit one 6 GiB GPU).
+    # Different amounts: the init container ends before the app container starts (the kubelet's effective
+    # request is max(3, 4)): both fit GPU 1, which holds 4 for the pod, not 7.
     other = pod("cold", init=[container("fetch", mem=3)], containers=[container("main", mem=4)])
-    out = filter_nodes(st, other, ["n1"])
+    st.upsert_pod(other)
+    assert filter_nodes(st, other, ["n1"]).passed == ["n1"]
+    bind(st, cluster, "default", "cold", other["metadata"]["uid"], "n1")
+    chosen = parse_assignment(cluster.bound[1][2][ANN_SCHEDULED]).containers
+    assert [s.index for s in chosen["fetch"] + chosen["main"]] == [1, 1]
+    assert [g.mem_used for g in st.view("n1").gpus] == [5, 4]
+    big = pod("hot", init=[container("fetch", mem=3)], containers=[container("main", mem=1)])
+    out = filter_nodes(st, big, ["n1"])
     assert out.failed["n1"] == "container 'fetch': GPU 0,1: at most 2 GiB free on one GPU, 3 GiB asked"
 
 

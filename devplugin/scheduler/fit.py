@@ -6,11 +6,16 @@ holds no compute share). Each container's memory and compute go together on one 
 core/N on each) for a pod that asks for N-way multi-GPU sharing; gpu-count takes GPUs with nothing on them.
 Unhealthy GPUs and GPUs held whole take nothing. Containers are placed largest first (whole GPUs, then shares
 by memory), each on the GPUs the node's placement prefers: binpack the fullest that fits, spread the emptiest.
+
+Init containers follow the kubelet's rule for a pod's effective request: max(each regular init container, app
+containers + sidecars). A regular init container runs alone (beside the sidecars started before it) and ends
+before the app containers start, so it is placed on the node's room as it is before the pod, less those sidecars,
+not beside the app containers; one whose amounts equal an app container's is that container's holding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -59,6 +64,7 @@ class Fit:
     containers: dict[str, tuple[GpuShare, ...]] = field(default_factory=dict)
     reason: str = ""
     unresolvable: bool = False
+    transient: frozenset[str] = frozenset()  # regular init containers: placed, but ended before the apps start
 
     @property
     def ok(self) -> bool:
@@ -100,6 +106,7 @@ class Ask:
     problem: str
     needs_core: bool
     reused: tuple[tuple[str, str], ...] = ()  # (init container, app container that gets its devices)
+    inits: tuple[Item, ...] = ()  # regular init containers placed on their own (before the app containers)
 
 
 def reused_by_app(pod: PodRequest) -> dict[str, str]:
@@ -123,16 +130,18 @@ def ask_of(pod: PodRequest) -> Ask:
     wanted = pod.gpu_containers
     reused = reused_by_app(pod) if not problem else {}
     items: list[Item] = []
+    inits: list[Item] = []
     if not problem:
         for c in sorted(wanted, key=_largest_first):
             if c.name in reused:
                 continue
+            into = inits if c.init and not c.sidecar else items
             if c.count:
-                items.append(Item(c, c.count, 0, 0, c.count))
+                into.append(Item(c, c.count, 0, 0, c.count))
             else:
                 mem, core = per_gpu_share(c, pod.gpus_per_container)
-                items.append(Item(c, 0, mem, core, pod.gpus_per_container))
-    return Ask(tuple(items), problem, any(c.core for c in wanted), tuple(reused.items()))
+                into.append(Item(c, 0, mem, core, pod.gpus_per_container))
+    return Ask(tuple(items), problem, any(c.core for c in wanted), tuple(reused.items()), tuple(inits))
 
 
 def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
@@ -145,19 +154,41 @@ def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
     if ask.needs_core and node.mode not in MODES_WITH_CORE:
         return Fit(reason=f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)",
                    unresolvable=True)
-    if len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1 and not ask.reused:
-        return _one_share(ask.items[0], node)
+    one = single_share(ask)
+    if one is not None:
+        return _one_share(one, node)
     rooms = [g.copy() for g in node.gpus]
     out: dict[str, tuple[GpuShare, ...]] = {}
-    several = len(ask.items) > 1
+    several = len(ask.items) + len(ask.inits) > 1
     for item in ask.items:
         chosen = _whole(rooms, item.container) if item.count else _shares(rooms, item, node)
         if isinstance(chosen, str):
             return Fit(reason=_prefix(item.container, several) + chosen)
         out[item.container.name] = chosen
+    for item in ask.inits:
+        alone = _before_apps(node, ask, out, item.container)
+        chosen = _whole(alone, item.container) if item.count else _shares(alone, item, node)
+        if isinstance(chosen, str):
+            return Fit(reason=_prefix(item.container, several) + chosen)
+        out[item.container.name] = chosen
     for init, app in ask.reused:
         out[init] = out[app]
-    return Fit(containers=out)
+    return Fit(containers=out, transient=frozenset(i.container.name for i in ask.inits))
+
+
+def _before_apps(node: NodeView, ask: Ask, placed: Mapping[str, tuple[GpuShare, ...]],
+                 init: ContainerRequest) -> list[GpuRoom]:
+    """The node's rooms as a regular init container finds them: other pods' holdings and the pod's sidecars
+    started before it; not the pod's app containers (they start after it ends)."""
+    rooms = [g.copy() for g in node.gpus]
+    by_index = {r.index: r for r in rooms}
+    for item in ask.items:
+        c = item.container
+        if c.sidecar and c.position < init.position:
+            for share in placed.get(c.name, ()):
+                if share.index in by_index:
+                    by_index[share.index].hold(share)
+    return rooms
 
 
 def _one_share(item: Item, node: NodeView) -> Fit:
@@ -276,7 +307,8 @@ def one_share_score(item: Item, needs_core: bool, node: NodeView) -> int:
 
 def single_share(ask: Ask) -> Item | None:
     """The ask's one item when it is one share on one GPU (the fast paths), else None."""
-    if len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1 and not ask.reused:
+    if (len(ask.items) == 1 and not ask.items[0].count and ask.items[0].gpus == 1 and not ask.reused
+            and not ask.inits):
         return ask.items[0]
     return None
 
@@ -301,7 +333,8 @@ def score(node: NodeView, placed: Fit) -> int:
     total, used = node.mem_totals
     if not total or not placed.ok:
         return 0
-    used += sum(s.mem for shares in placed.containers.values() for s in shares)
+    used += sum(s.mem for name, shares in placed.containers.items() if name not in placed.transient
+                for s in shares)
     frac = min(used / total, 1.0)
     value = frac if node.placement != "spread" else 1.0 - frac
     return int(10 * value + 0.5)  # half up

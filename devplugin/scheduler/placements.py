@@ -124,12 +124,41 @@ def bounded(pod: PodRequest, held: Holding) -> Holding:
 
 def counted(pod: PodRequest, held: Holding) -> Holding:
     """What of `held` takes room: sidecars (init containers with restartPolicy Always) for the pod's life like app
-    containers; other init containers only while the pod is Pending, and not those whose devices an app container
-    reuses (the same GPUs and amounts as an app container's: they are one holding, not two)."""
+    containers; other init containers only while the pod is Pending, and then by the kubelet's rule: on each GPU
+    the pod holds max(each regular init container + the sidecars started before it, app containers + sidecars).
+    A regular init container is kept only for what it needs beyond that (nothing when an app container reuses its
+    devices: the same GPUs and amounts are one holding, not two)."""
     init = {c.name for c in pod.containers if c.init and not c.sidecar}
-    if not init:
+    if not init & held.keys():
         return held
+    steady = {name: shares for name, shares in held.items() if name not in init}
     if pod.phase != "Pending":
-        return {name: shares for name, shares in held.items() if name not in init}
-    apps = [shares for name, shares in held.items() if name not in init]
-    return {name: shares for name, shares in held.items() if name not in init or shares not in apps}
+        return steady
+    base: dict[int, list[int]] = {}  # GPU index -> [mem, core, whole] of the app containers and sidecars
+    for shares in steady.values():
+        for s in shares:
+            b = base.setdefault(s.index, [0, 0, 0])
+            b[0], b[1], b[2] = b[0] + s.mem, b[1] + s.core, b[2] or int(s.whole)
+    extra: dict[int, tuple[str, GpuShare]] = {}  # GPU index -> (init container, what it needs beyond the base)
+    for c in pod.containers:
+        if c.name not in init or c.name not in held:
+            continue
+        for s in held[c.name]:
+            mem, core = s.mem, s.core
+            for side in pod.containers:
+                if side.sidecar and side.position < c.position:
+                    for t in steady.get(side.name, ()):
+                        if t.index == s.index:
+                            mem, core = mem + t.mem, core + t.core
+            b = base.get(s.index, [0, 0, 0])
+            more = GpuShare(s.index, s.uuid, max(mem - b[0], 0), max(core - b[1], 0), whole=s.whole and not b[2])
+            old = extra.get(s.index)
+            if old is not None:  # init containers run one after another: the most each needs, not the sum
+                more = GpuShare(s.index, s.uuid or old[1].uuid, max(more.mem, old[1].mem),
+                                max(more.core, old[1].core), whole=more.whole or old[1].whole)
+            extra[s.index] = (old[0] if old is not None else c.name, more)
+    out = dict(steady)
+    for name, share in extra.values():
+        if share.mem or share.core or share.whole:
+            out[name] = (*out.get(name, ()), share)
+    return out
