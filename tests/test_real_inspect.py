@@ -22,10 +22,6 @@ def inspect(cluster: Cluster, *args: str) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 14, found by this harness (not among its listed defects): devplugin inspect counts a placed container "
-    "twice, from its pod's gpushare.io/allocated record and again from the node's gpushare.io/gpu-usage (two pods "
-    "of 10 and 12 GiB on a GPU show 44/80 where the kubelet holds 22)"))
 def test_inspect_equals_the_kubelets_books_after_churn(realk8s: Cluster, ns: str) -> None:
     run_churn(realk8s.core, ns, realk8s.books, seed=7, pods=40, delete_fraction=0.2)
     deadline = time.monotonic() + 15  # the node daemons republish their usage just after each change

@@ -20,7 +20,7 @@ from devplugin.contract import (
 from devplugin.inspect.use import NodeUse
 from devplugin.scheduler.placements import pod_holding
 from devplugin.scheduler.room import node_room
-from devplugin.scheduler.state import node_entry, recorded_ns
+from devplugin.scheduler.state import counted_by_usage, node_entry, recorded_ns
 
 MIB = 1 << 20
 
@@ -135,11 +135,9 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
                 out.append(NodeReport(entry.name, _ip(obj), "", "", 1024, 0, 0, entry.problem))
             continue  # otherwise not a GPU-sharing node
         on_node = holdings.get(entry.name, [])
-        usage = entry.usage
-        # the daemon's usage already counts the pods it recorded before publishing it (as the extender counts)
-        rooms = node_room(entry.inventory, (h for p, h, _ in on_node
-                                            if not (usage is not None and 0 < recorded_ns(p) <= usage.time_ns)),
-                          usage)
+        # the daemon's usage already counts the pods it recorded before publishing it (the extender's rule)
+        rooms = node_room(entry.inventory,
+                          (h for p, h, _ in on_node if not counted_by_usage(recorded_ns(p), entry.usage)), entry.usage)
         models = {g.index: g.model for g in entry.inventory.gpus}
         gpus = [GpuReport(r.index, r.uuid, models.get(r.index, ""), r.healthy, r.mem_total,
                           r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole) for r in rooms]

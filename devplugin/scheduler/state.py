@@ -76,7 +76,7 @@ class NodeEntry:
 
     def shown(self, held: Held) -> bool:
         """The daemon's published usage already counts this pod."""
-        return self.usage is not None and 0 < held.recorded_ns <= self.usage.time_ns
+        return counted_by_usage(held.recorded_ns, self.usage)
 
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
@@ -105,6 +105,13 @@ def recorded_ns(pod: PodRequest) -> int:
         return 0
     mine = record.node in ("", pod.node_name) and record.uid in ("", pod.uid)
     return max(int(record.time_ns), 0) if mine else 0
+
+
+def counted_by_usage(recorded: int, usage: NodeUsage | None) -> bool:
+    """The rule, for the extender and inspect alike: a node's published usage already counts a pod when the
+    daemon's record of the pod (its time, from `recorded_ns`; 0: none) is no newer than the usage. The daemon
+    publishes its usage again after every record it writes, so a pod is left out of the usage only until then."""
+    return usage is not None and 0 < recorded <= usage.time_ns
 
 
 def node_entry(obj: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> NodeEntry:

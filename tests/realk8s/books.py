@@ -250,10 +250,18 @@ def inspect_text_disagreements(text: str, report: dict[str, Any]) -> list[str]:
         except StopIteration:
             bad.append(f"text report has no block for node {n['name']}")
             continue
+        # the table starts at its header row (after any "!" lines: a problem, use unknown); columns by name, since
+        # the figures of use (USED) come and go with the daemons' answers
+        head = next((i for i in range(start + 1, len(lines)) if lines[i].split()[:1] == ["GPU"]), None)
+        if head is None:
+            bad.append(f"text report has no GPU table for node {n['name']}")
+            continue
+        names = lines[head].split()
+        at = [next(i for i, c in enumerate(names) if c.startswith(x)) for x in ("MEMORY", "CORE", "PODS")]
         rows = {}
-        for line in lines[start + 2: start + 2 + len(n["gpus"])]:
+        for line in lines[head + 1: head + 1 + len(n["gpus"])]:
             cells = line.split()
-            rows[cells[0]] = cells[1:4]
+            rows[cells[0]] = [cells[i] for i in at]
         for g in n["gpus"]:
             core = "whole" if g["whole"] else f"{g['coreAllocated']}/{g['coreTotal']}"
             want = [f"{g['memAllocated']}/{g['memTotal']}", core, str(len(g["pods"]))]
