@@ -84,7 +84,8 @@ class Allocator(PairingFallback, ViewSync):
     # Told how each pod lookup ended (LOOKUP_OUTCOMES), for metrics; called under the lock, must not block.
     on_lookup: Callable[[str], object] = field(default=lambda outcome: None)
     # Called (under the lock, must not block) when a container was placed as the likeliest of several asking alike
-    # and no later call of it came to confirm it: PodResources should be read soon to name it (NodeSync.poke).
+    # and no later call of it came to confirm it, or when a container placed by node-local pairing and named between
+    # its resources got its last one: PodResources should be read soon to name or record it (NodeSync.poke_soon).
     on_guess: Callable[[], object] = field(default=lambda: None)
     # Reads the kubelet's PodResources now and syncs the view with it (None when it cannot be asked).
     read_kubelet: Callable[[], KubeletListing | None] | None = None

@@ -36,6 +36,7 @@ class PairingFallback:
     healthy: Callable[[str], bool]
     refresh: Callable[[], object] | None
     read_kubelet: Callable[[], KubeletListing | None] | None
+    on_guess: Callable[[], object]
     _lock: threading.RLock
 
     if TYPE_CHECKING:  # Allocator's own, shared with the pod-identity path
@@ -169,6 +170,11 @@ class PairingFallback:
             dec = self.book.adopt(target)
             dec.kubelet_pods = self._kubelet_pods()
         self.holdings.add(dec.dir_name, None, kind, groups)
+        held = self.holdings.get(dec.dir_name)
+        if held is not None and held.key is not None:
+            # named from PodResources and the pod cache between its resources (ViewSync.reconcile), recorded on its
+            # pod only once it holds them all: now, at the next sync
+            self.on_guess()
         self.book.allocated(dec, kind, list(ids))
         if kind is not Kind.COUNT:
             self.recent.add(kind, len(ids))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from devplugin.allocation.decision import ContainerKey, Decision, state_dir_name
-from devplugin.allocation.holdings import Holdings
+from devplugin.allocation.holdings import Holding, Holdings
 from devplugin.allocation.identity import recorded_containers
 from devplugin.allocation.idsets import group_ids, id_index
 from devplugin.allocation.node import Node
@@ -101,6 +101,7 @@ class ViewSync:
                          extra={"fields": {"pod": f"{key.namespace}/{key.pod}", "container": key.container}})
         if pod is None or key is None:
             return changed
+        mine: list[Holding] = []
         for holder in owners:
             h = self.holdings.get(holder)
             if h is None:
@@ -120,8 +121,37 @@ class ViewSync:
             if h.key != key:
                 continue
             h.exact = True
-            latest = self._latest
-            in_flight = latest is not None and latest.dir_name == h.holder and not latest.complete
-            if not in_flight and entry.container not in recorded_containers(pod):
-                self.reporter.record_holding(pod, h, self.node)
+            mine.append(h)
+        latest = self._latest
+        in_flight = latest is not None and not latest.complete and any(h.holder == latest.dir_name for h in mine)
+        if mine and not in_flight and entry.container not in recorded_containers(pod):
+            held = merged(mine)
+            if self._holds_all(held, pod, entry.container):
+                self.reporter.record_holding(pod, held, self.node)
         return changed
+
+    def _holds_all(self, held: Holding, pod: PodRequest, container: str) -> bool:
+        """The container holds every resource it asks for. The kubelet lists a container's first resource before it
+        asks for the next (and this sync may run in between, e.g. on a container placed by node-local pairing and
+        named by the pod cache only now): a record written then would say the first resource alone, and no later
+        sync writes it again once the pod carries a record. Recorded once whole (Allocator asks for a sync then)."""
+        spec = pod.container(container)
+        if spec is None:
+            return True
+        asked = {k for k, n in ((Kind.MEM, spec.mem), (Kind.CORE, spec.core), (Kind.COUNT, spec.count))
+                 if n and k in self.node.kinds}
+        return asked <= set(held.ids)
+
+
+def merged(holdings: Sequence[Holding]) -> Holding:
+    """One container's holdings as one (a container that two holders hold parts of, e.g. placed by node-local
+    pairing and named later)."""
+    if len(holdings) == 1:
+        return holdings[0]
+    out = Holding(holdings[0].holder, holdings[0].key)
+    for h in holdings:
+        for kind, per_gpu in h.ids.items():
+            mine = out.ids.setdefault(kind, {})
+            for uuid, ids in per_gpu.items():
+                mine[uuid] = mine.get(uuid, frozenset()) | ids
+    return out
