@@ -34,11 +34,15 @@ class AgentError(RuntimeError):
 
 
 class NodeAgent:
-    """One node agent process: its own process group, its stderr in `log_path`."""
+    """One node agent process: its own process group, its stderr appended to `log_path` (kept across restarts).
+    Standalone (pods come from POST /admit) or with `kubeconfig` (the Node and its pods come from the apiserver,
+    as in tests/realk8s/cluster.py)."""
 
     def __init__(self, root: Path, node_name: str = "node-1", *, kubeconfig: Path | None = None,
-                 extra_args: Sequence[str] = (), log_path: Path | None = None) -> None:
+                 extra_args: Sequence[str] = (), log_path: Path | None = None,
+                 binary_dir: Path | None = None) -> None:
         self.root = Path(root)
+        self.binary_dir = binary_dir  # None: e2e/bin (`make e2e-bin`)
         self.node_name = node_name
         self.kubeconfig = kubeconfig
         self.extra_args = list(extra_args)
@@ -63,12 +67,14 @@ class NodeAgent:
 
     def command(self) -> list[str]:
         source = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else ["--standalone"]
-        return [str(binary("nodeagent")), "--node-name", self.node_name, "--root", str(self.root), *source,
+        exe = self.binary_dir / "nodeagent" if self.binary_dir else binary("nodeagent")
+        return [str(exe), "--node-name", self.node_name, "--root", str(self.root), *source,
                 *self.extra_args]
 
     def start(self, timeout: float = 30.0) -> NodeAgent:
         """Start the agent and wait for its control line."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
             self._proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, text=True,
                                           start_new_session=True)
@@ -120,6 +126,10 @@ class NodeAgent:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def tail(self, lines: int = 60) -> str:
+        """The last `lines` lines of its log."""
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def __enter__(self) -> NodeAgent:
         return self.start() if self._proc is None else self

@@ -49,6 +49,7 @@ from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 from tests.realk8s import books, kubeconfigs, manifests
+from tests.realk8s.agent import NodeAgent
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
@@ -96,13 +97,6 @@ def _https_get(url: str, ca: Path | None, client: Pair | None = None, timeout: f
         return resp.status, resp.read()
 
 
-def _http_json(url: str, body: Any = None, timeout: float = 10.0) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"null")
-
-
 def node_gpus(node: str, count: int, memory_mib: int) -> list[FakeGPU]:
     """The fake driver's GPUs of one node (UUIDs stable per node name)."""
     return [FakeGPU(index=g, uuid=seed_uuid(g, node), name="NVIDIA A100-SXM4-80GB", memory_mib=memory_mib, minor=g,
@@ -117,24 +111,20 @@ class Node:
     name: str
     root: Path
     driver: FakeDriver
-    agent: Proc
+    agent: NodeAgent
     daemon: Proc
     health_port: int
-    control: str = ""  # the agent's control API, http://127.0.0.1:PORT
 
     @property
     def plugin_dir(self) -> Path:
-        return self.root / "device-plugins"
+        return self.agent.plugin_dir
 
     @property
     def pod_resources_socket(self) -> Path:
-        return self.root / "pod-resources" / "kubelet.sock"
+        return self.agent.pod_resources_socket
 
     def start_agent(self) -> None:
-        since = len(self.agent.text())
-        self.agent.start()
-        m = self.agent.wait_for_line(r"nodeagent: control listening on (http://\S+)", timeout=60, since=since)
-        self.control = m.group(1)
+        self.agent.start(timeout=60)
 
     def start_daemon(self) -> None:
         self.daemon.start()
@@ -146,8 +136,7 @@ class Node:
     def books(self) -> dict[str, Any]:
         """The agent's books: capacity, allocatable, healthy device IDs, and the devices of each pod's containers
         as the kubelet's device manager holds them."""
-        out: dict[str, Any] = _http_json(self.control + "/books")
-        return out
+        return self.agent.books()
 
     def checkpoint(self) -> dict[str, Any]:
         """The device manager's checkpoint (kubelet_internal_checkpoint): per pod, container and resource, the
@@ -330,9 +319,9 @@ class Cluster:
             cert = pki.issue(f"node-{i}", f"system:node:{name}", orgs=("system:nodes",))
             node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
                                         cert=cert)
-            agent = self._proc(f"{name}-agent", [
-                str(BIN / "nodeagent"), "--node-name", name, "--root", str(root), "--kubeconfig", str(node_kc),
-                "--status-period", self.spec.status_period, "--control-addr", "127.0.0.1:0"])
+            agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
+                              extra_args=["--status-period", self.spec.status_period,
+                                          "--control-addr", "127.0.0.1:0"], binary_dir=BIN)
             daemon_kc = root / "gpushare-devplugin.kubeconfig"  # written once the Node exists (below)
             health = free_port()
             daemon = self._proc(f"{name}-daemon", [
@@ -344,10 +333,7 @@ class Cluster:
                 env={**os.environ, **driver.env()})
             self.nodes.append(Node(name, root, driver, agent, daemon, health))
         for node in self.nodes:
-            node.agent.start()
-        for node in self.nodes:
-            m = node.agent.wait_for_line(r"nodeagent: control listening on (http://\S+)", timeout=60)
-            node.control = m.group(1)
+            node.start_agent()
         for node in self.nodes:
             self._wait(lambda n=node: self._node_or_none(n.name) is not None, f"Node {node.name} registered", 30)
             self.label_node(node.name, {"ack.node.gpu.schedule": self.spec.mode,
@@ -455,12 +441,16 @@ class Cluster:
 
     # --- logs and teardown ---------------------------------------------------------------------------------------
     def logs(self, lines: int = 40) -> str:
-        return "\n".join(f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items())
+        parts = [f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items()]
+        parts += [f"===== {n.name}-agent ({n.agent.log_path}) =====\n{n.agent.tail(lines)}" for n in self.nodes]
+        return "\n".join(parts)
 
     def stop(self) -> None:
-        order = [n for n in self.procs if n.endswith("-daemon")] + [n for n in self.procs if n.endswith("-agent")]
-        order += ["kube-scheduler", "devplugin-scheduler", "kube-apiserver", "etcd"]
-        for name in order:
+        for name in [n for n in self.procs if n.endswith("-daemon")]:
+            self.procs[name].stop()
+        for node in self.nodes:
+            node.agent.stop()
+        for name in ["kube-scheduler", "devplugin-scheduler", "kube-apiserver", "etcd"]:
             if name in self.procs:
                 self.procs[name].stop()
 
