@@ -10,7 +10,7 @@ apiserver's own CEL, nothing of the project's code runs."""
 from __future__ import annotations
 
 import json
-import socket
+import shutil
 import ssl
 import subprocess
 import tempfile
@@ -18,24 +18,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.realk8s.binaries import binary
+from tests.realk8s.apiserver import bare_apiserver
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 pytestmark = pytest.mark.realk8s
 ADMIN = "admintoken"
 NS = "tenant-a"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -76,37 +71,11 @@ class Api:
 @pytest.fixture(scope="module")
 def api() -> Iterator[Api]:
     root = Path(tempfile.mkdtemp(prefix="gs-vap-", dir="/tmp"))
-    subprocess.run(["openssl", "genrsa", "-out", str(root / "sa.key"), "2048"], check=True, capture_output=True)
-    subprocess.run(["openssl", "rsa", "-in", str(root / "sa.key"), "-pubout", "-out", str(root / "sa.pub")],
-                   check=True, capture_output=True)
-    (root / "tokens.csv").write_text(f"{ADMIN},admin,1,system:masters\n")
-    etcd_url, api_port = f"http://127.0.0.1:{_port()}", _port()
-    procs = [subprocess.Popen([str(binary("etcd")), "--data-dir", str(root / "etcd"), "--listen-client-url",
-                               etcd_url, "--listen-peer-url", f"http://127.0.0.1:{_port()}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    log = (root / "apiserver.log").open("w")
-    procs.append(subprocess.Popen([
-        str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-        f"--secure-port={api_port}", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-        f"--cert-dir={root / 'certs'}", f"--token-auth-file={root / 'tokens.csv'}",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={root / 'sa.pub'}", f"--service-account-signing-key-file={root / 'sa.key'}",
-        "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--profiling=false"],
-        stdout=log, stderr=log))
-    server = f"https://127.0.0.1:{api_port}"
-    kubeconfig = root / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "admin", "user": {"token": ADMIN}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "admin"}}]}))
-    a = Api(server, kubeconfig)
-    try:
+    with ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, root, ignore_errors=True)
+        bare = cleanup.enter_context(bare_apiserver(root, ADMIN, timeout=90))
+        a = Api(bare.server, bare.kubeconfig)
         deadline = time.monotonic() + 90
-        while a.call("GET", "/readyz", {})[0] != 200:
-            assert time.monotonic() < deadline, (root / "apiserver.log").read_text()[-3000:]
-            assert procs[1].poll() is None, (root / "apiserver.log").read_text()[-3000:]
-            time.sleep(0.5)
         a.kubectl("apply", "-f", str(REPO / "deploy/base/rbac.yaml"), "-f", str(REPO / "deploy/scheduler/rbac.yaml"),
                   "-f", str(REPO / "deploy/base/admission-policies.yaml"))
         for node in ("node-a", "node-b"):
@@ -133,12 +102,6 @@ def api() -> Iterator[Api]:
                 assert time.monotonic() < deadline, f"the admission policy on {key} never took effect"
                 time.sleep(0.5)
         yield a
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            p.wait(timeout=30)
-        log.close()
-        subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 ALLOCATED = "gpushare.io/allocated"

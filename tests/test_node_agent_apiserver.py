@@ -5,12 +5,10 @@ finished and its devices freed, and a restarted agent keeps its Running pods' de
 
 from __future__ import annotations
 
-import json
 import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.daemon_harness import short_dir
 from tests.realk8s.agent import NodeAgent
-from tests.realk8s.binaries import binary
+from tests.realk8s.apiserver import bare_apiserver
 from tests.realk8s.stub import StubPlugin
 
 pytestmark = [pytest.mark.realk8s,
@@ -29,12 +27,6 @@ pytestmark = [pytest.mark.realk8s,
 TOKEN = "admintoken"
 NODE = "agent-node"
 DEV = "example.com/dev"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
@@ -53,45 +45,16 @@ def wait(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
 @pytest.fixture
 def cluster() -> Iterator[tuple[client.CoreV1Api, Path]]:
     root = short_dir()
-    subprocess.run(["openssl", "genrsa", "-out", str(root / "sa.key"), "2048"], check=True, capture_output=True)
-    (root / "tokens.csv").write_text(f"{TOKEN},admin,1,system:masters\n")
-    etcd_url, port = f"http://127.0.0.1:{_port()}", _port()
-    log = (root / "apiserver.log").open("w")
-    procs = [subprocess.Popen([str(binary("etcd")), "--data-dir", str(root / "etcd"), "--listen-client-url",
-                               etcd_url, "--listen-peer-url", f"http://127.0.0.1:{_port()}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    procs.append(subprocess.Popen([
-        str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-        f"--secure-port={port}", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-        f"--cert-dir={root / 'certs'}", f"--token-auth-file={root / 'tokens.csv'}",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={root / 'sa.key'}", f"--service-account-signing-key-file={root / 'sa.key'}",
-        "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--profiling=false"],
-        stdout=log, stderr=log))
-    server = f"https://127.0.0.1:{port}"
-    kubeconfig = root / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "admin", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "admin"}}]}))
-    cfg = client.Configuration()
-    cfg.host, cfg.verify_ssl, cfg.api_key = server, False, {"authorization": f"Bearer {TOKEN}"}
-    api = client.CoreV1Api(client.ApiClient(cfg))
-    try:
+    with ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, root, ignore_errors=True)
+        bare = cleanup.enter_context(bare_apiserver(root, TOKEN))
+        cfg = client.Configuration()
+        cfg.host, cfg.verify_ssl, cfg.api_key = bare.server, False, {"authorization": f"Bearer {TOKEN}"}
+        api = client.CoreV1Api(client.ApiClient(cfg))
         wait(lambda: api.list_namespace().items and api.read_namespace("default"), "the apiserver serves", 120)
         wait(lambda: api.create_namespaced_service_account("default", {"metadata": {"name": "default"}}),
              "the default service account (no controller-manager runs)", 30)
         yield api, root
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def pod(name: str, devices: int, init: int = 0) -> dict[str, Any]:

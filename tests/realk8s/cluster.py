@@ -50,6 +50,7 @@ from kubernetes import config as k8s_config
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 from tests.realk8s import books, kubeconfigs, manifests
 from tests.realk8s.agent import NodeAgent
+from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
@@ -198,12 +199,8 @@ class Cluster:
         return proc
 
     def _start_etcd(self) -> None:
-        client, peer = free_port(), free_port()
-        self.etcd_url = f"http://127.0.0.1:{client}"
-        etcd = self._proc("etcd", [str(BIN / "etcd"), "--data-dir", str(self.root / "etcd"),
-                                   "--listen-client-url", self.etcd_url,
-                                   "--listen-peer-url", f"http://127.0.0.1:{peer}"])
-        etcd.start().wait_for_line(r"etcd ready on", timeout=30)
+        etcd, self.etcd_url = start_etcd(BIN / "etcd", self.root / "etcd", self.root / "logs" / "etcd.log")
+        self.procs["etcd"] = etcd
 
     def _start_apiserver(self, pki: Pki, sa: Pair) -> None:
         self.api_port = free_port()
@@ -213,16 +210,12 @@ class Cluster:
         self.admin_cert = pki.issue("admin", "realk8s-admin", orgs=("system:masters",))
         self.admin = kubeconfigs.write(pki.dir / "admin.kubeconfig", self.server, pki.ca.cert, "admin",
                                        cert=self.admin_cert)
-        cmd = [str(BIN / "kube-apiserver"),
-               f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", f"--secure-port={self.api_port}",
-               "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+        cmd = [str(BIN / "kube-apiserver"), *apiserver_flags(self.etcd_url, self.api_port, sa),
                f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
                f"--client-ca-file={pki.ca.cert}", f"--cert-dir={self.root / 'apiserver'}",
-               "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-               f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
-               "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=Node,RBAC",
+               "--authorization-mode=Node,RBAC",
                f"--enable-admission-plugins={','.join(EXTRA_ADMISSION_PLUGINS)}" if EXTRA_ADMISSION_PLUGINS else "",
-               "--profiling=false", "--v=1"]
+               "--v=1"]
         cmd = [a for a in cmd if a]
         api = self._proc("kube-apiserver", cmd)
         api.start()

@@ -14,14 +14,16 @@ from tests.realk8s.manifests import kubectl
 TOKEN_DURATION = "48h"
 
 
-def write(path: Path, server: str, ca: Path, user: str, *, cert: Pair | None = None, token: str = "") -> Path:
-    """A kubeconfig for `user` at `server` (CA `ca`), with a client certificate or a bearer token."""
+def write(path: Path, server: str, ca: Path | None, user: str, *, cert: Pair | None = None, token: str = "") -> Path:
+    """A kubeconfig for `user` at `server` (CA `ca`; None: the server's certificate is not checked, for an
+    apiserver's own self-signed one), with a client certificate or a bearer token."""
     creds: dict[str, str] = {"token": token} if token else {}
     if cert is not None:
         creds = {"client-certificate": str(cert.cert), "client-key": str(cert.key)}
+    tls: dict[str, object] = {"insecure-skip-tls-verify": True} if ca is None else {"certificate-authority": str(ca)}
     doc = {
         "apiVersion": "v1", "kind": "Config", "current-context": "realk8s",
-        "clusters": [{"name": "realk8s", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "clusters": [{"name": "realk8s", "cluster": {"server": server, **tls}}],
         "users": [{"name": user, "user": creds}],
         "contexts": [{"name": "realk8s", "context": {"cluster": "realk8s", "user": user}}],
     }
