@@ -17,7 +17,7 @@ from devplugin.allocation.idsets import gpu_label, id_index
 from devplugin.allocation.node import Node
 from devplugin.allocation.pairing import PairingBook
 from devplugin.allocation.placement import RecentShares, pick_gpu, pick_units, pick_whole_gpus
-from devplugin.allocation.ports import Grant, KubeletListing, MountSpec, Reporter
+from devplugin.allocation.ports import Grant, KubeletListing, MountSpec, PodLookup, Reporter
 from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
 
 T = TypeVar("T")
@@ -37,6 +37,7 @@ class PairingFallback:
     refresh: Callable[[], object] | None
     read_kubelet: Callable[[], KubeletListing | None] | None
     on_guess: Callable[[], object]
+    lookup: PodLookup | None
     _lock: threading.RLock
 
     if TYPE_CHECKING:  # Allocator's own, shared with the pod-identity path
@@ -171,9 +172,10 @@ class PairingFallback:
             dec.kubelet_pods = self._kubelet_pods()
         self.holdings.add(dec.dir_name, None, kind, groups)
         held = self.holdings.get(dec.dir_name)
-        if held is not None and held.key is not None:
-            # named from PodResources and the pod cache between its resources (ViewSync.reconcile), recorded on its
-            # pod only once it holds them all: now, at the next sync
+        if self.lookup is not None or (held is not None and held.key is not None):
+            # placed without its pod's name (the lookup did not answer in time), or named from PodResources and the
+            # pod cache between its resources (ViewSync.reconcile) and recorded only once it holds them all: a sync
+            # in a moment names it and records it on its pod
             self.on_guess()
         self.book.allocated(dec, kind, list(ids))
         if kind is not Kind.COUNT:
