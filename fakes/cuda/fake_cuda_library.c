@@ -70,41 +70,41 @@ CUresult impl_cuLibraryUnload(CUmodule lib)
 }
 FAKE_EXPORT(cuLibraryUnload)
 
+/* A library, its module, its kernels and their functions are one handle (the loaded image): each getter hands back
+ * the handle it was given, into `out` (a CUmodule, CUfunction or CUkernel). */
+static CUresult same_handle(void *out, const void *handle)
+{
+    if (!out || !handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(out, &handle, sizeof handle);
+    return CUDA_SUCCESS;
+}
+
 CUresult impl_cuLibraryGetKernel(void **kernel, CUmodule lib, const char *name)
 {
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!kernel || !lib || !name)
+    if (!name)
         return CUDA_ERROR_INVALID_VALUE;
-    *kernel = lib;
-    return CUDA_SUCCESS;
+    return same_handle(kernel, lib);
 }
 FAKE_EXPORT(cuLibraryGetKernel)
 
 CUresult impl_cuLibraryGetModule(CUmodule *mod, CUmodule lib)
 {
-    if (!mod || !lib)
-        return CUDA_ERROR_INVALID_VALUE;
-    *mod = lib;
-    return CUDA_SUCCESS;
+    return same_handle(mod, lib);
 }
 FAKE_EXPORT(cuLibraryGetModule)
 
 CUresult impl_cuKernelGetFunction(CUfunction *f, void *kernel)
 {
-    if (!f || !kernel)
-        return CUDA_ERROR_INVALID_VALUE;
-    *f = (CUfunction)kernel;
-    return CUDA_SUCCESS;
+    return same_handle(f, kernel);
 }
 FAKE_EXPORT(cuKernelGetFunction)
 
 CUresult impl_cuKernelGetLibrary(CUmodule *lib, void *kernel)
 {
-    if (!lib || !kernel)
-        return CUDA_ERROR_INVALID_VALUE;
-    *lib = (CUmodule)kernel;
-    return CUDA_SUCCESS;
+    return same_handle(lib, kernel);
 }
 FAKE_EXPORT(cuKernelGetLibrary)
 
@@ -224,10 +224,7 @@ FAKE_EXPORT(cuKernelSetCacheConfig)
 
 CUresult impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
 {
-    if (!mod || !f)
-        return CUDA_ERROR_INVALID_VALUE;
-    *mod = (CUmodule)f;
-    return CUDA_SUCCESS;
+    return same_handle(mod, f);
 }
 FAKE_EXPORT(cuFuncGetModule)
 

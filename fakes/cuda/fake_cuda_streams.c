@@ -93,32 +93,37 @@ CUresult impl_cuStreamQuery_ptsz(CUstream s)
 }
 FAKE_EXPORT(cuStreamQuery_ptsz)
 
-CUresult impl_cuStreamGetPriority(CUstream s, int *priority)
+/* What the getters report of stream `s`: its own priority, flags and ID, or the default stream's (priority 0, no
+ * flags, the handle's value as its ID). */
+static struct fake_stream attrs_of(CUstream s)
 {
     struct fake_stream *st = stream_of(s);
+    return st ? *st : (struct fake_stream){.id = (unsigned long long)(uintptr_t)s};
+}
+
+CUresult impl_cuStreamGetPriority(CUstream s, int *priority)
+{
     if (!priority)
         return CUDA_ERROR_INVALID_VALUE;
-    *priority = st ? st->priority : 0;
+    *priority = attrs_of(s).priority;
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuStreamGetPriority)
 
 CUresult impl_cuStreamGetFlags(CUstream s, unsigned *flags)
 {
-    struct fake_stream *st = stream_of(s);
     if (!flags)
         return CUDA_ERROR_INVALID_VALUE;
-    *flags = st ? st->flags : 0;
+    *flags = attrs_of(s).flags;
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuStreamGetFlags)
 
 CUresult impl_cuStreamGetId(CUstream s, unsigned long long *id)
 {
-    struct fake_stream *st = stream_of(s);
     if (!id)
         return CUDA_ERROR_INVALID_VALUE;
-    *id = st ? st->id : (unsigned long long)(uintptr_t)s;
+    *id = attrs_of(s).id;
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuStreamGetId)
