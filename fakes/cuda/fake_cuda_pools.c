@@ -54,7 +54,8 @@ void fake_pool_account(struct fake_pool *pool, int64_t bytes)
         ;
 }
 
-CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+/* The checks both pool getters make on their arguments, in the driver's order. */
+static CUresult pool_getter_args(const CUmemoryPool *pool, CUdevice dev)
 {
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -62,6 +63,14 @@ CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= fake_device_count)
         return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CUresult rc = pool_getter_args(pool, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     fake_pool_current(dev);
     *pool = (CUmemoryPool)&default_pool[dev];
     return CUDA_SUCCESS;
@@ -70,12 +79,9 @@ FAKE_EXPORT(cuDeviceGetDefaultMemPool)
 
 CUresult impl_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    if (!fake_initialised)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= fake_device_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = pool_getter_args(pool, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     *pool = (CUmemoryPool)fake_pool_current(dev);
     return CUDA_SUCCESS;
 }
