@@ -29,6 +29,10 @@ def test_vendored_protos_are_the_upstream_ones() -> None:
     assert "package v1beta1;" in dp and "rpc GetPreferredAllocation(PreferredAllocationRequest)" in dp
     pr = (REPO / "proto/podresources/v1/api.proto").read_text()
     assert "rpc GetAllocatableResources(AllocatableResourcesRequest)" in pr
+    dra = (REPO / "proto/dra/v1/api.proto").read_text()
+    assert "package k8s.io.kubelet.pkg.apis.dra.v1;" in dra and "rpc NodePrepareResources" in dra
+    reg = (REPO / "proto/pluginregistration/v1/api.proto").read_text()
+    assert "package pluginregistration;" in reg and "rpc NotifyRegistrationStatus" in reg
 
 
 def test_shim_header_matches_the_contract() -> None:

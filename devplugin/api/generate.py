@@ -17,8 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO / "proto"
 OUT_DIR = Path(__file__).resolve().parent
-PROTOS = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
-_IMPORT = re.compile(r"^from (deviceplugin|podresources)\.(\w+) import ", re.MULTILINE)
+PROTOS = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto", "dra/v1/api.proto",
+          "pluginregistration/v1/api.proto")
+_IMPORT = re.compile(r"^from (deviceplugin|podresources|dra|pluginregistration)\.(\w+) import ", re.MULTILINE)
 
 
 def generate(out_dir: Path) -> list[Path]:
