@@ -187,6 +187,22 @@ LABEL_WHOLE_GPUS = "gpushare.io/whole-gpus"  # N: the node's last N GPUs serve g
 LEGACY_MODE_LABELS = {"gpushare": "share", "cgpu": "cgpu"}  # <label>=true on older nodes
 MODES = ("core_mem", "cgpu", "share")
 PLACEMENTS = ("binpack", "spread")
+# A node serves GPUs either through the device plugin (`devplugin serve`) or through Dynamic Resource Allocation
+# (`devplugin dra`), never both: `gpushare.io/allocation=dra` selects DRA; absent (or `device-plugin`), the device
+# plugin. Each daemon serves nothing on a node labelled for the other.
+LABEL_ALLOCATION = "gpushare.io/allocation"
+ALLOCATION_DRA = "dra"
+ALLOCATION_DEVICE_PLUGIN = "device-plugin"
+
+# --- Dynamic Resource Allocation (resource.k8s.io/v1): the driver, its devices and their capacities -------------
+DRA_DRIVER = "gpu.gpushare.io"  # ResourceSlice spec.driver, the DeviceClasses' driver, the kubelet plugin's name
+DRA_CAPACITY_MEMORY = "memory"  # bytes of GPU memory a share takes
+DRA_CAPACITY_CORES = "cores"  # percent of the GPU's compute a share takes
+DRA_ATTR_TYPE = "type"  # "share" (gpu-N, consumable capacity) or "whole" (gpu-N-whole, exclusive)
+DRA_TYPE_SHARE = "share"
+DRA_TYPE_WHOLE = "whole"
+DRA_TAINT_UNHEALTHY = "gpu.gpushare.io/unhealthy"  # NoSchedule device taint of a GPU the health watcher failed
+DRA_CDI_KIND = "gpushare.io/gpu"  # CDI vendor/class of the devices NodePrepareResources names
 
 # --- Pod labels / annotations set by the user -----------------------------------------------------------------
 # Multi-GPU sharing: a container's gpu-mem (and gpu-core.percentage) split evenly over N GPUs of one node.

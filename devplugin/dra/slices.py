@@ -1,0 +1,158 @@
+"""This node's ResourceSlices (resource.k8s.io/v1) from its GPUs: pure, no I/O.
+
+One pool per node (named after the node) in two slices, as the API wants counters and devices apart:
+- `<node>-gpushare-counters`: one shared counter set `gpus` with a counter `gpu-N: 1` per GPU (the API allows 8
+  counter sets per slice but 32 counters per set: one set serves 32 GPUs, what 64 devices per slice allow);
+- `<node>-gpushare-devices`: per GPU a shared device `gpu-N` (type=share, allowMultipleAllocations, consumable
+  `memory` and `cores`) and an exclusive device `gpu-N-whole` (type=whole). Both consume `gpu-N: 1` from `gpus`, so
+  the scheduler gives a GPU either to shares or to one whole claim, never both: a device that allows multiple
+  allocations takes its counters with its first share and gives them back with its last.
+A GPU the health watcher failed carries the NoSchedule taint `gpu.gpushare.io/unhealthy` on both its devices.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from devplugin import contract
+from devplugin.dra.capacity import GpuCapacity, cores_policy, memory_offered, memory_policy
+from devplugin.gpu.facts import GpuFacts
+from devplugin.gpu.inventory import GPU
+
+API_VERSION = "resource.k8s.io/v1"
+COUNTER_SET = "gpus"
+MAX_GPUS = 32  # counters per counter set, and 64 devices per slice (two per GPU)
+SLICE_COUNT = 2
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+_TAINT_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A published device: which GPU, shared or whole."""
+
+    gpu: GPU
+    whole: bool
+    offered: GpuCapacity
+
+
+def share_name(gpu: GPU) -> str:
+    return f"gpu-{gpu.index}"
+
+
+def whole_name(gpu: GPU) -> str:
+    return f"gpu-{gpu.index}-whole"
+
+
+def counter_name(gpu: GPU) -> str:
+    return f"gpu-{gpu.index}"
+
+
+def slice_names(node: str) -> tuple[str, str]:
+    """(counters slice, devices slice)."""
+    return f"{node}-gpushare-counters", f"{node}-gpushare-devices"
+
+
+def devices_by_name(gpus: Sequence[GPU]) -> dict[str, DeviceRef]:
+    """Every device this node publishes, by device name (what an allocation result names)."""
+    out: dict[str, DeviceRef] = {}
+    for gpu in gpus:
+        offered = GpuCapacity(memory=memory_offered(gpu.memory_bytes))
+        out[share_name(gpu)] = DeviceRef(gpu, False, offered)
+        out[whole_name(gpu)] = DeviceRef(gpu, True, offered)
+    return out
+
+
+def semver(text: str) -> str:
+    """A DRA `version` attribute must be semantic: "8.0" -> "8.0.0", "550.54.15" stays; "" when it is not one."""
+    m = _VERSION.match(text or "")
+    if not m:
+        return ""
+    return f"{int(m.group(1))}.{int(m.group(2))}.{int(m.group(3) or 0)}"
+
+
+def taint_value(reason: str) -> str:
+    """A label-like value from the health watcher's reason: "xid-48" for an XID, else a cleaned short reason."""
+    m = re.search(r"XID (\d+)", reason, re.IGNORECASE)
+    if m:
+        return f"xid-{m.group(1)}"
+    cleaned = _TAINT_VALUE.sub("-", reason).strip("-_.")[:63].strip("-_.")
+    return cleaned or "unhealthy"
+
+
+def _attributes(gpu: GPU, kind: str, facts: GpuFacts) -> dict[str, dict[str, object]]:
+    attrs: dict[str, dict[str, object]] = {
+        contract.DRA_ATTR_TYPE: {"string": kind},
+        "index": {"int": gpu.index},
+        "uuid": {"string": gpu.uuid},
+        "productName": {"string": gpu.name},
+    }
+    cc = semver(facts.compute_capability.get(gpu.uuid, ""))
+    if cc:
+        attrs["computeCapability"] = {"version": cc}
+    driver = semver(facts.driver_version)
+    if driver:
+        attrs["driverVersion"] = {"version": driver}
+    return attrs
+
+
+def _taints(gpu: GPU, unhealthy: Mapping[str, str]) -> list[dict[str, str]]:
+    if gpu.uuid not in unhealthy:
+        return []
+    return [{"key": contract.DRA_TAINT_UNHEALTHY, "value": taint_value(unhealthy[gpu.uuid]), "effect": "NoSchedule"}]
+
+
+def _consumes(gpu: GPU) -> list[dict[str, object]]:
+    return [{"counterSet": COUNTER_SET, "counters": {counter_name(gpu): {"value": "1"}}}]
+
+
+def device_specs(gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Mapping[str, str]) -> list[dict[str, object]]:
+    """The devices slice's `devices`: per GPU the shared device then the whole one, in GPU index order (the
+    scheduler takes the first that fits, so shares fill GPU 0 first: binpack)."""
+    devices: list[dict[str, object]] = []
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        offered = memory_offered(gpu.memory_bytes)
+        if offered == 0:
+            continue  # less memory than one share: nothing to offer
+        share: dict[str, object] = {
+            "name": share_name(gpu), "attributes": _attributes(gpu, contract.DRA_TYPE_SHARE, facts),
+            "capacity": {contract.DRA_CAPACITY_MEMORY: memory_policy(offered),
+                         contract.DRA_CAPACITY_CORES: cores_policy()},
+            "allowMultipleAllocations": True, "consumesCounters": _consumes(gpu)}
+        whole: dict[str, object] = {
+            "name": whole_name(gpu), "attributes": _attributes(gpu, contract.DRA_TYPE_WHOLE, facts),
+            "capacity": {contract.DRA_CAPACITY_MEMORY: {"value": str(offered)},
+                         contract.DRA_CAPACITY_CORES: {"value": "100"}},
+            "consumesCounters": _consumes(gpu)}
+        taints = _taints(gpu, unhealthy)
+        if taints:
+            share["taints"] = taints
+            whole["taints"] = [dict(t) for t in taints]
+        devices += [share, whole]
+    return devices
+
+
+def counter_specs(gpus: Sequence[GPU]) -> list[dict[str, object]]:
+    counters = {counter_name(g): {"value": "1"} for g in sorted(gpus, key=lambda g: g.index)
+                if memory_offered(g.memory_bytes)}
+    return [{"name": COUNTER_SET, "counters": counters}]
+
+
+def build_slices(node: str, gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Mapping[str, str],
+                 generation: int) -> list[dict[str, object]]:
+    """The node's two ResourceSlice objects at pool `generation`. `unhealthy`: GPU UUID -> reason. ValueError for
+    more GPUs than one pool of two slices can describe."""
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"{len(gpus)} GPUs: a DRA pool of this driver describes at most {MAX_GPUS}")
+    counters_name, devices_name = slice_names(node)
+    pool = {"name": node, "generation": generation, "resourceSliceCount": SLICE_COUNT}
+
+    def obj(name: str, body: dict[str, object]) -> dict[str, object]:
+        return {"apiVersion": API_VERSION, "kind": "ResourceSlice",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpushare-dra"}},
+                "spec": {"driver": contract.DRA_DRIVER, "pool": dict(pool), "nodeName": node, **body}}
+
+    return [obj(counters_name, {"sharedCounters": counter_specs(gpus)}),
+            obj(devices_name, {"devices": device_specs(gpus, facts, unhealthy)})]
