@@ -16,8 +16,16 @@ from devplugin.dra.publisher import SlicePublisher
 from devplugin.dra.slices import build_slices
 from devplugin.gpu.facts import GpuFacts
 from devplugin.gpu.inventory import GPU
-from tests.dra.realk8s_dra import (WHOLE_CLASS, DraCluster, add_node, deallocate, dra_cluster, pod_with_claims,
-                                   share_claim, wait_for)
+from tests.dra.realk8s_dra import (
+    WHOLE_CLASS,
+    DraCluster,
+    add_node,
+    deallocate,
+    dra_cluster,
+    pod_with_claims,
+    share_claim,
+    wait_for,
+)
 
 pytestmark = pytest.mark.realk8s
 GiB = 1 << 30
