@@ -1,14 +1,16 @@
 """inspect and the scheduler extender count a node's pods alike: a pod the node daemon's published usage already
 counts (its gpushare.io/allocated record no newer than the usage) is not counted again; a pod recorded after the
-usage, or without a record of its own, is counted from its record on top of it."""
+usage, or without a record of its own, is counted from its record on top of it; so is a container the record does not
+name yet (the daemon records a pod container by container)."""
 
 from __future__ import annotations
 
-from devplugin.contract import ANN_ALLOCATED, GpuShare, GpuUsage, PodAssignment
+from devplugin.contract import ANN_ALLOCATED, ANN_SCHEDULED, GpuShare, GpuUsage, PodAssignment
 from devplugin.inspect.report import build_report
+from devplugin.scheduler.extender import filter_nodes
 from devplugin.scheduler.state import ClusterState
+from tests.scheduler_objects import container, pod
 from tests.scheduler_objects import node as node_json
-from tests.scheduler_objects import pod
 
 USAGE_NS = 1_000
 
@@ -51,3 +53,29 @@ def test_without_a_published_usage_every_placed_pod_counts() -> None:
         state.upsert_pod(p)
     view = state.view("n")
     assert view is not None and (view.gpus[0].mem_allocated, view.gpus[0].core_allocated) == (8, 30)
+
+
+def test_a_pod_recorded_container_by_container_keeps_its_unrecorded_containers_counted() -> None:
+    # The daemon records c0 (GPU 0) and publishes its usage before the kubelet asks for c1 (chosen on GPU 1): the
+    # usage counts c0 only, so c1 is still in flight on GPU 1 whatever the order of the record and the usage.
+    choice = PodAssignment("n", 1, {"c0": (GpuShare(0, "", 4, 10),), "c1": (GpuShare(1, "", 6, 20),)})
+    first = PodAssignment("n", USAGE_NS - 100, {"c0": (GpuShare(0, "", 4, 10),)}, uid="uid-two")
+    two = pod("two", node_name="n", phase="Pending", uid="uid-two",
+              containers=[container("c0", mem=4, core=10), container("c1", mem=6, core=20)],
+              annotations={ANN_SCHEDULED: choice.render(), ANN_ALLOCATED: first.render()})
+    node = node_json("n", gpus=2, units=16, usage={0: GpuUsage(mem=4, core=10, containers=1)}, usage_time_ns=USAGE_NS)
+    gpus = build_report([node], [two]).nodes[0].gpus
+    assert [(g.memAllocated, g.coreAllocated) for g in gpus] == [(4, 10), (6, 20)]
+
+    state = ClusterState()
+    state.upsert_node(node)
+    state.upsert_pod(two)
+    view = state.view("n")
+    assert view is not None
+    assert [(g.mem_allocated, g.core_allocated) for g in view.gpus] == [(4, 10), (6, 20)]
+    # a pod of 13 GiB fits neither GPU (12 and 10 GiB free): the extender must not place it on GPU 1
+    out = filter_nodes(state, pod("big", mem=13), ["n"])
+    assert out.passed == [] and "n" in out.failed
+    # the pod itself left out (scheduled again, or a preemption victim): nothing of it stays counted
+    alone = state.view("n", "uid-two")
+    assert alone is not None and [(g.mem_allocated, g.core_allocated) for g in alone.gpus] == [(0, 0), (0, 0)]

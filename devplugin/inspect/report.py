@@ -20,7 +20,7 @@ from devplugin.contract import (
 from devplugin.inspect.use import NodeUse
 from devplugin.scheduler.placements import pod_holding
 from devplugin.scheduler.room import node_room
-from devplugin.scheduler.state import counted_by_usage, node_entry, recorded_ns
+from devplugin.scheduler.state import daemon_record, node_entry, not_in_usage
 
 MIB = 1 << 20
 
@@ -135,9 +135,9 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
                 out.append(NodeReport(entry.name, _ip(obj), "", "", 1024, 0, 0, entry.problem))
             continue  # otherwise not a GPU-sharing node
         on_node = holdings.get(entry.name, [])
-        # the daemon's usage already counts the pods it recorded before publishing it (the extender's rule)
+        # the daemon's usage already counts the containers it recorded before publishing it (the extender's rule)
         rooms = node_room(entry.inventory,
-                          (h for p, h, _ in on_node if not counted_by_usage(recorded_ns(p), entry.usage)), entry.usage)
+                          (not_in_usage(h, daemon_record(p), entry.usage) for p, h, _ in on_node), entry.usage)
         models = {g.index: g.model for g in entry.inventory.gpus}
         gpus = [GpuReport(r.index, r.uuid, models.get(r.index, ""), r.healthy, r.mem_total,
                           r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole) for r in rooms]

@@ -2,11 +2,12 @@
 extender's own assumptions (bound by it but not yet seen bound in the watch).
 
 Who is believed (docs/security.md): the node daemon is the authority for its node. A node's room is the daemon's
-published usage (gpushare.io/gpu-usage) plus the pods in flight: bound (by this extender, or seen bound with a GPU
-choice) but not yet in that usage, i.e. without the daemon's record (gpushare.io/allocated) of a time the usage has
-reached. A pod in flight is counted from its own request at the GPUs its choice names (placements.bounded): a pod's
-annotations steer that pod and nothing else. A node without a usage annotation (an older daemon) counts every bound
-GPU pod that way.
+published usage (gpushare.io/gpu-usage) plus the containers in flight: of pods bound (by this extender, or seen bound
+with a GPU choice), the containers not yet in that usage, i.e. not named by a daemon's record (gpushare.io/allocated)
+of a time the usage has reached. The daemon records a pod container by container, as the kubelet admits them, so a
+record that names the first container only leaves the others in flight. A container in flight is counted from its
+own request at the GPUs its choice names (placements.bounded): a pod's annotations steer that pod and nothing else.
+A node without a usage annotation (an older daemon) counts every bound GPU pod that way.
 
 Fed by the informers (or directly by tests); rebuilt from the apiserver alone on restart, since every fact
 here is an annotation or a label. Thread-safe: one lock guards the maps (short sections); `node_lock(name)`
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ASSUME_TTL_S = 60.0
 
+Recorded = tuple[int, frozenset[str]]  # the time of the node daemon's record of a pod, and the containers it names
+NO_RECORD: Recorded = (0, frozenset())
+
 
 @dataclass
 class Held:
@@ -59,7 +63,7 @@ class Held:
     assumed: bool = False
     expires: float = 0.0  # clock time after which an unbound assumption is dropped
     bound: bool = False  # our Binding was created; the watch has not shown the pod bound yet
-    recorded_ns: int = 0  # the time of the node daemon's record of the pod (0: none yet)
+    recorded: Recorded = NO_RECORD  # the node daemon's record of the pod: its time and the containers it names
 
 
 @dataclass
@@ -74,44 +78,59 @@ class NodeEntry:
     held: dict[str, Held] = field(default_factory=dict)
     cached: NodeView | None = None  # the view with every pod counted; None when stale
 
-    def shown(self, held: Held) -> bool:
-        """The daemon's published usage already counts this pod."""
-        return counted_by_usage(held.recorded_ns, self.usage)
-
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
         out = {without} if isinstance(without, str) else set(without)
         if out & self.held.keys() and self.inventory is not None:
             rooms = node_room(self.inventory,
-                              (h.shares for u, h in self.held.items() if u not in out and not self.shown(h)),
-                              self.usage, (h.shares for u, h in self.held.items() if u in out and self.shown(h)))
+                              (not_in_usage(h.shares, h.recorded, self.usage) for u, h in self.held.items()
+                               if u not in out),
+                              self.usage,
+                              (in_usage(h.shares, h.recorded, self.usage) for u, h in self.held.items() if u in out))
             return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
         if self.cached is None:
             rooms = () if self.inventory is None else node_room(
-                self.inventory, (h.shares for h in self.held.values() if not self.shown(h)), self.usage)
+                self.inventory, (not_in_usage(h.shares, h.recorded, self.usage) for h in self.held.values()),
+                self.usage)
             self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
         return self.cached
 
 
-def recorded_ns(pod: PodRequest) -> int:
-    """The time of the node daemon's record of the pod (gpushare.io/allocated) for the node it is bound to; 0 when
-    there is none. A forged record only makes the pod's own room uncounted until the daemon admits it."""
+def daemon_record(pod: PodRequest) -> Recorded:
+    """The node daemon's record of the pod (gpushare.io/allocated) for the node it is bound to: its time and the
+    containers it names; NO_RECORD when there is none. A forged record only makes the pod's own room uncounted
+    until the daemon admits it."""
     raw = pod.annotations.get(ANN_ALLOCATED)
     if not raw:
-        return 0
+        return NO_RECORD
     try:
         record = parse_assignment(raw, ANN_ALLOCATED)
     except AnnotationError:
-        return 0
+        return NO_RECORD
     mine = record.node in ("", pod.node_name) and record.uid in ("", pod.uid)
-    return max(int(record.time_ns), 0) if mine else 0
+    return (max(int(record.time_ns), 0), frozenset(record.containers)) if mine else NO_RECORD
 
 
-def counted_by_usage(recorded: int, usage: NodeUsage | None) -> bool:
-    """The rule, for the extender and inspect alike: a node's published usage already counts a pod when the
-    daemon's record of the pod (its time, from `recorded_ns`; 0: none) is no newer than the usage. The daemon
-    publishes its usage again after every record it writes, so a pod is left out of the usage only until then."""
-    return usage is not None and 0 < recorded <= usage.time_ns
+def _in_usage(recorded: Recorded, usage: NodeUsage | None) -> frozenset[str]:
+    """The containers of a pod a node's published usage already counts: those the daemon's record names, when the
+    record is no newer than the usage (the daemon publishes its usage again after every record it writes)."""
+    time_ns, names = recorded
+    return names if usage is not None and 0 < time_ns <= usage.time_ns else frozenset()
+
+
+def not_in_usage(holding: Holding, recorded: Recorded, usage: NodeUsage | None) -> Holding:
+    """The rule, for the extender and inspect alike: the part of a pod's holding (container -> shares) that the
+    node's published usage does not count yet, to be counted on top of it. The daemon records a pod container by
+    container, as the kubelet admits them, and may publish its usage in between: a usage newer than a record that
+    names the first container only counts that one, the others are still in flight."""
+    counted = _in_usage(recorded, usage)
+    return {name: shares for name, shares in holding.items() if name not in counted} if counted else holding
+
+
+def in_usage(holding: Holding, recorded: Recorded, usage: NodeUsage | None) -> Holding:
+    """The part of a pod's holding that the node's published usage counts (the rest of `not_in_usage`)."""
+    counted = _in_usage(recorded, usage)
+    return {name: shares for name, shares in holding.items() if name in counted}
 
 
 def node_entry(obj: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> NodeEntry:
@@ -240,7 +259,7 @@ class ClusterState:
             return
         gpu = bool(pod.gpu_containers) and not pod.finished
         held = pod_holding(pod) if gpu and pod.node_name else None
-        recorded = recorded_ns(pod) if held is not None else 0
+        recorded = daemon_record(pod) if held is not None else NO_RECORD
         with self._lock:
             if gpu:
                 self._pods[pod.key] = dict(obj)
@@ -253,12 +272,12 @@ class ClusterState:
                 # our own choice, now seen bound: keep it (the daemon's record, once its usage shows it, ends it)
                 self._assumed.pop(pod.uid, None)
                 old.assumed, old.bound = False, True
-                old.recorded_ns = recorded
+                old.recorded = recorded
                 if held is not None and held[0] == ANN_ALLOCATED:
                     old.shares, old.source = held[1], held[0]
                 self._touch(old)
             elif held is not None:
-                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1], held[0], recorded_ns=recorded))
+                self._keep(Held(pod.uid, pod.key, pod.node_name, held[1], held[0], recorded=recorded))
             elif old is not None and pod.node_name and not old.assumed:
                 self._drop(pod.uid)  # its annotations are gone
 
