@@ -69,12 +69,13 @@ E2E_BIN := e2e/bin
 E2E_MOD := e2e/go.mod e2e/go.sum
 E2E_AGENT_SRC := $(shell find e2e/cmd/nodeagent e2e/internal -name '*.go' -o -name '*.s' 2>/dev/null)
 
-e2e-bin: $(E2E_BIN)/etcd $(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler $(E2E_BIN)/nodeagent $(E2E_BIN)/stubplugin
+e2e-bin: $(E2E_BIN)/etcd $(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler $(E2E_BIN)/kube-controller-manager \
+	$(E2E_BIN)/nodeagent $(E2E_BIN)/stubplugin $(E2E_BIN)/stubdra
 
 e2e-go-check:
 	@$(GO) version >/dev/null 2>&1 || { echo "make e2e-bin needs Go 1.26 (https://go.dev/dl/) on PATH or GO=/path/to/go" >&2; exit 1; }
 
-$(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler: $(E2E_MOD) e2e/tools.go | e2e-go-check
+$(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler $(E2E_BIN)/kube-controller-manager: $(E2E_MOD) e2e/tools.go | e2e-go-check
 	cd e2e && $(GO) build -o bin/ k8s.io/kubernetes/cmd/$(notdir $@)
 	@touch $@
 
@@ -88,6 +89,10 @@ $(E2E_BIN)/nodeagent: $(E2E_MOD) $(E2E_AGENT_SRC) | e2e-go-check
 
 $(E2E_BIN)/stubplugin: $(E2E_MOD) $(wildcard e2e/cmd/stubplugin/*.go) | e2e-go-check
 	cd e2e && $(GO) build -o bin/ ./cmd/stubplugin
+	@touch $@
+
+$(E2E_BIN)/stubdra: $(E2E_MOD) $(wildcard e2e/cmd/stubdra/*.go) | e2e-go-check
+	cd e2e && $(GO) build -o bin/ ./cmd/stubdra
 	@touch $@
 
 lint: $(VENV)/.installed

@@ -13,6 +13,7 @@ from tests.fixtures_driver import fake_nvml_lib, make_driver, seed_driver  # noq
 # --- real Kubernetes on loopback (tests/realk8s/cluster.py): the session's cluster, a namespace per test, and
 # clusters of a test's own ---
 from tests.realk8s.cluster import make_cluster, ns, realk8s  # noqa: F401
+from tests.realk8s.dra_cluster import dra_cluster, dra_ns  # noqa: F401
 
 
 @pytest.fixture

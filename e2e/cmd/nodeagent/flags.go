@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,6 +23,23 @@ type options struct {
 	memory       resource.Quantity
 	pods         resource.Quantity
 	controlAddr  string
+	// DRA (with --kubeconfig): the plugins-registry directory the plugin watcher watches and the CDI spec
+	// directories the runtime reads (default: <root>/plugins_registry and <root>/cdi).
+	pluginsRegistryDir string
+	cdiDirs            []string
+}
+
+// dirList is a repeatable directory flag.
+type dirList []string
+
+func (d *dirList) String() string { return strings.Join(*d, ",") }
+
+func (d *dirList) Set(v string) error {
+	if v == "" {
+		return errors.New("an empty directory: give a path such as /tmp/node-1/cdi")
+	}
+	*d = append(*d, v)
+	return nil
 }
 
 // parseFlags reads the command line; its errors say what to change.
@@ -39,6 +58,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&memory, "memory", "256Gi", "the node's memory capacity")
 	fs.StringVar(&pods, "pods", "110", "how many pods the node takes")
 	fs.StringVar(&o.controlAddr, "control-addr", "127.0.0.1:0", "host:port of the control HTTP API (port 0: any free port)")
+	fs.StringVar(&o.pluginsRegistryDir, "plugins-registry-dir", "", "the directory the plugin watcher watches for registration sockets (DRA and device plugins; default <root>/plugins_registry)")
+	var cdi dirList
+	fs.Var(&cdi, "cdi-dir", "a directory of CDI spec files the runtime reads for the containers' CDI devices; repeat for several, a later one taking precedence (default <root>/cdi)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -50,6 +72,13 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if o.root == "" {
 		return o, errors.New("--root is required: give a directory for the node's sockets and checkpoints, e.g. --root /tmp/node-1")
+	}
+	if o.pluginsRegistryDir == "" {
+		o.pluginsRegistryDir = filepath.Join(o.root, "plugins_registry")
+	}
+	o.cdiDirs = cdi
+	if len(o.cdiDirs) == 0 {
+		o.cdiDirs = []string{filepath.Join(o.root, "cdi")}
 	}
 	if (o.kubeconfig == "") == !o.standalone {
 		return o, errors.New("give exactly one of --kubeconfig FILE (register with an apiserver) or --standalone (no apiserver)")

@@ -3,6 +3,11 @@
 // does it (the pod manager first, then the topology manager's and the predicate admit handlers), and the
 // PodResources v1 server on <root>/pod-resources/kubelet.sock.
 //
+// With --kubeconfig it also runs the kubelet's DRA manager (checkpoint <root>/dra_manager_state) and plugin
+// manager (watching --plugins-registry-dir): a pod's ResourceClaims are prepared through their driver before its
+// containers are created, each container's CDI devices resolved from the specs in --cdi-dir, and the claims
+// unprepared when the pod ends (e2e/internal/dra).
+//
 // With --kubeconfig it registers its Node (capacity = --cpu, --memory, --pods plus the devices), posts its status
 // every --status-period, and admits the pods bound to it. With --standalone it has no apiserver: pods are
 // admitted and ended through the control API. Either way it prints exactly one line
@@ -38,6 +43,7 @@ import (
 	"github.com/gpushare/devplugin/e2e/internal/apisync"
 	"github.com/gpushare/devplugin/e2e/internal/control"
 	"github.com/gpushare/devplugin/e2e/internal/devices"
+	"github.com/gpushare/devplugin/e2e/internal/dra"
 	"github.com/gpushare/devplugin/e2e/internal/nodestatus"
 	"github.com/gpushare/devplugin/e2e/internal/podresources"
 	"github.com/gpushare/devplugin/e2e/internal/pods"
@@ -116,7 +122,16 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 			return err
 		}
 		syncer := &nodestatus.Syncer{Client: client, Base: base, Capacity: capacity, Period: o.statusPeriod}
-		adm := admission.New(root, dm, tm, table, sources, syncer.Cached)
+		draNode, err := dra.New(client, root, o.pluginsRegistryDir, o.cdiDirs)
+		if err != nil {
+			return err
+		}
+		getNode := func(ctx context.Context) (*v1.Node, error) { return syncer.Cached(ctx, true) }
+		if err := draNode.Start(ctx, table.GetActivePods, getNode, sources, dm.GetWatcherHandler()); err != nil {
+			return err
+		}
+		api.Claims, api.Registered = draNode.Claims, draNode.Registered
+		adm := admission.New(root, dm, tm, table, sources, syncer.Cached).WithDRA(draNode)
 		api.End = func(uid types.UID) error {
 			pod, ok := table.Get(uid)
 			if !ok {
@@ -131,6 +146,7 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 				return nil
 			}
 			go syncer.Run(ctx)
+			go syncer.Watch(ctx)
 			s := &apisync.Sync{Client: client, Node: o.nodeName, Admit: adm, Table: table, Sources: sources}
 			_ = untilDone(ctx, "follow the node's pods", s.Run)
 			return nil
@@ -170,6 +186,7 @@ func books(dm *devicemanager.ManagerImpl, c *devices.CapacityReader, table *pods
 			Pod:   p,
 			Phase: table.Phase(uid),
 			Envs:  func(container string) map[string]string { return table.Envs(uid, container) },
+			CDI:   func(container string) any { return table.CDI(uid, container) },
 		})
 	}
 	return devices.Collect(dm, c, views)

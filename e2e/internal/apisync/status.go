@@ -69,3 +69,17 @@ func RejectedStatus(pod *v1.Pod, reason, message string) v1.PodStatus {
 		Message:  "Pod was rejected: " + message,
 	}
 }
+
+// NotStartedStatus is the status of an admitted pod whose containers could not be created (its dynamic resources
+// not prepared, or a CDI device the runtime cannot resolve). The kubelet keeps such a pod Pending and retries,
+// with the reason in an event (FailedPrepareDynamicResources) or in the container's waiting state
+// (CreateContainerError); the node agent does not retry: it fails the pod with that reason and message, so a
+// test sees the outcome at once.
+func NotStartedStatus(pod *v1.Pod, reason, message string) v1.PodStatus {
+	return v1.PodStatus{
+		QOSClass: v1qos.GetPodQOS(pod),
+		Phase:    v1.PodFailed,
+		Reason:   reason,
+		Message:  message,
+	}
+}

@@ -122,9 +122,12 @@ func (s *Sync) handle(ctx context.Context, ev event) {
 			return
 		}
 		res := s.Admit.Admit(pod)
-		if res.Admitted {
+		switch {
+		case res.Admitted && res.Started:
 			s.writeStatus(ctx, pod, RunningStatus(pod, metav1.Now()))
-		} else {
+		case res.Admitted:
+			s.writeStatus(ctx, pod, NotStartedStatus(pod, res.Reason, res.Message))
+		default:
 			s.writeStatus(ctx, pod, RejectedStatus(pod, res.Reason, res.Message))
 		}
 	default:

@@ -2,7 +2,10 @@
 // read the device manager's books.
 //
 //	GET  /healthz  -> "ok"
-//	GET  /books    -> the device manager's books (devices.Books)
+//	GET  /books    -> the device manager's books (devices.Books); on DRA nodes each container also lists its CDI
+//	                  devices and what they injected
+//	GET  /claims   -> the claims the DRA manager holds prepared (dra.Claim list; nodes with an apiserver only)
+//	GET  /drivers/{name} -> {"registered": bool}: whether that DRA driver is registered with the DRA manager
 //	POST /admit    -> body: a v1.Pod (metadata.uid set); answer {"admitted","reason","message","seconds"} once admitted or
 //	                  rejected (standalone nodes only)
 //	POST /end      -> body: {"uid": "..."}; the pod ends and its devices are freed
@@ -20,6 +23,7 @@ import (
 
 	"github.com/gpushare/devplugin/e2e/internal/admission"
 	"github.com/gpushare/devplugin/e2e/internal/devices"
+	"github.com/gpushare/devplugin/e2e/internal/dra"
 )
 
 // ErrNotFound is what End returns for a uid the node does not hold.
@@ -31,6 +35,10 @@ type API struct {
 	// Admit is nil on a node that takes its pods from an apiserver.
 	Admit func(pod *v1.Pod) (admission.Result, error)
 	End   func(uid types.UID) error
+	// Claims is nil on a node without the DRA manager (--standalone).
+	Claims func() ([]dra.Claim, error)
+	// Registered is nil on a node without the DRA manager.
+	Registered func(driver string) bool
 }
 
 const maxBody = 4 << 20
@@ -43,6 +51,25 @@ func Handler(api API) http.Handler {
 	})
 	mux.HandleFunc("GET /books", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, api.Books())
+	})
+	mux.HandleFunc("GET /claims", func(w http.ResponseWriter, _ *http.Request) {
+		if api.Claims == nil {
+			httpError(w, http.StatusConflict, "this node runs no DRA manager (--standalone): start it with --kubeconfig")
+			return
+		}
+		claims, err := api.Claims()
+		if err != nil {
+			httpError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, claims)
+	})
+	mux.HandleFunc("GET /drivers/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if api.Registered == nil {
+			httpError(w, http.StatusConflict, "this node runs no DRA manager (--standalone): start it with --kubeconfig")
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]bool{"registered": api.Registered(r.PathValue("name"))})
 	})
 	mux.HandleFunc("POST /admit", func(w http.ResponseWriter, r *http.Request) {
 		if api.Admit == nil {

@@ -14,6 +14,9 @@ type Container struct {
 	Init    bool                `json:"init"`
 	Devices map[string][]string `json:"devices"`
 	Envs    map[string]string   `json:"envs,omitempty"`
+	// CDI is what the container got from its ResourceClaims (DRA nodes): the CDI device IDs and what their
+	// specs injected (env, mounts).
+	CDI any `json:"cdi,omitempty"`
 }
 
 // Pod is one pod of the books.
@@ -39,6 +42,7 @@ type PodView struct {
 	Pod   *v1.Pod
 	Phase v1.PodPhase
 	Envs  func(container string) map[string]string
+	CDI   func(container string) any
 }
 
 // Collect reads the books: capacity from c, healthy IDs and each container's devices from the device manager.
@@ -53,6 +57,7 @@ func Collect(m *devicemanager.ManagerImpl, c *CapacityReader, pods []PodView) Bo
 					Name: ctr.Name, Init: init,
 					Devices: ContainerDevices(m, string(pv.Pod.UID), ctr.Name),
 					Envs:    pv.Envs(ctr.Name),
+					CDI:     pv.CDI(ctr.Name),
 				})
 			}
 		}

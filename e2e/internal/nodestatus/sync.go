@@ -9,7 +9,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
@@ -28,7 +30,9 @@ type Syncer struct {
 	cached *v1.Node
 }
 
-// Cached is the kubelet's GetCachedNode: the Node as last published (built locally before the first write).
+// Cached is the kubelet's GetCachedNode: the Node as the node informer (Watch) last saw it, or as last published,
+// whichever came later (built locally before the first write). Labels set on the Node by others (a nodeSelector's
+// target) reach the predicate admit handler through the informer.
 func (s *Syncer) Cached(_ context.Context, _ bool) (*v1.Node, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -98,6 +102,28 @@ func (s *Syncer) removeNotReadyTaint(ctx context.Context) error {
 		}
 		return err
 	})
+}
+
+// Watch keeps the cached Node as the apiserver has it (the kubelet's node informer), until ctx ends.
+func (s *Syncer) Watch(ctx context.Context) {
+	lw := cache.NewListWatchFromClient(s.Client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll,
+		fields.OneTermEqualSelector("metadata.name", s.Base.Name))
+	set := func(obj any) {
+		if n, ok := obj.(*v1.Node); ok {
+			s.mu.Lock()
+			s.cached = n.DeepCopy()
+			s.mu.Unlock()
+		}
+	}
+	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: lw,
+		ObjectType:    &v1.Node{},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    set,
+			UpdateFunc: func(_, obj any) { set(obj) },
+		},
+	})
+	informer.RunWithContext(ctx)
 }
 
 // Run posts the status every Period until ctx ends.

@@ -19,6 +19,7 @@ type Table struct {
 	phase      map[types.UID]v1.PodPhase
 	terminated map[types.UID]bool
 	envs       map[types.UID]map[string]map[string]string
+	cdi        map[types.UID]map[string]any
 }
 
 // NewTable returns an empty table over a fresh pod manager.
@@ -28,6 +29,7 @@ func NewTable() *Table {
 		phase:      map[types.UID]v1.PodPhase{},
 		terminated: map[types.UID]bool{},
 		envs:       map[types.UID]map[string]map[string]string{},
+		cdi:        map[types.UID]map[string]any{},
 	}
 }
 
@@ -81,6 +83,24 @@ func (t *Table) Envs(uid types.UID, container string) map[string]string {
 	return t.envs[uid][container]
 }
 
+// SetCDI records what the runtime gave a container from its CDI devices (the DRA manager's CDI device IDs and
+// what their specs injected), for the books.
+func (t *Table) SetCDI(uid types.UID, container string, cdi any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cdi[uid] == nil {
+		t.cdi[uid] = map[string]any{}
+	}
+	t.cdi[uid][container] = cdi
+}
+
+// CDI is what SetCDI recorded (nil: none).
+func (t *Table) CDI(uid types.UID, container string) any {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cdi[uid][container]
+}
+
 // End marks the pod known terminated (its containers are gone): it leaves the active pods, so the device manager
 // frees its devices at its next UpdateAllocatedDevices. The pod stays in the pod manager until Remove.
 func (t *Table) End(uid types.UID) {
@@ -102,6 +122,7 @@ func (t *Table) Remove(uid types.UID) {
 	delete(t.phase, uid)
 	delete(t.terminated, uid)
 	delete(t.envs, uid)
+	delete(t.cdi, uid)
 }
 
 // inactive is the kubelet's isPodInactive: known terminated, or terminal (Failed / Succeeded).

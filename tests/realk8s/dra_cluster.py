@@ -1,0 +1,362 @@
+"""A Dynamic Resource Allocation cluster on loopback, from the real components, for the `realk8s` DRA tests.
+
+What runs (each a local process in its own process group, logs under the cluster's directory):
+- etcd and kube-apiserver 1.36 (`--authorization-mode=Node,RBAC`, the feature gates as 1.36 ships them: DRA on,
+  consumable capacity beta and on), as in tests/realk8s/cluster.py;
+- kube-controller-manager with only the controllers DRA needs: `resourceclaim-controller` (creates a pod's
+  ResourceClaims from its templates, drops a claim's reservation and allocation when its pods are done) and
+  `garbage-collector-controller` (deletes a generated claim once its pod is gone), with its own client
+  certificate (`system:kube-controller-manager`) and each controller's own service account
+  (`--use-service-account-credentials`), as the shipped RBAC expects;
+- kube-scheduler with its default configuration (its DynamicResources plugin allocates claims against the
+  ResourceSlices: structured parameters, consumable capacity);
+- N nodes, labelled `gpushare.io/allocation=dra`, each a node agent (`e2e/bin/nodeagent`: the kubelet's DRA
+  manager and plugin watcher, node identity `system:node:<name>`) with its plugins-registry and CDI directories,
+  and a DRA kubelet plugin serving driver gpu.gpushare.io on them: e2e/bin/stubdra (built on Kubernetes'
+  kubeletplugin helper), which publishes the node's ResourceSlice with the admin's kubeconfig.
+
+The node agents finalize the pods that end (the kubelet's job) and unprepare their claims through the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from tests.realk8s import kubeconfigs
+from tests.realk8s.agent import NodeAgent
+from tests.realk8s.apiserver import apiserver_flags, start_etcd
+from tests.realk8s.binaries import E2E_BIN
+from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
+from tests.realk8s.processes import ComponentFailed, Proc, free_port
+
+BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "stubdra")
+DRIVER = "gpu.gpushare.io"
+MODE_LABEL = "gpushare.io/allocation"  # a node runs the device-plugin mode or the DRA mode, never both
+MODE_DRA = "dra"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+KCM_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
+
+
+@dataclass(frozen=True)
+class DraSpec:
+    """What to bring up: `gpus` devices of `gpu_memory` per node, published by the plugin."""
+
+    nodes: int = 2
+    gpus: int = 2
+    gpu_memory: str = "16Gi"
+
+
+def missing_binaries() -> list[str]:
+    return [b for b in BINARIES if not (BIN / b).exists()]
+
+
+def _https_ok(url: str, ca: Path | None, client: Pair | None = None) -> bool:
+    ctx = ssl._create_unverified_context() if ca is None else ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        ctx.load_cert_chain(str(client.cert), str(client.key))
+    with urllib.request.urlopen(url, context=ctx, timeout=3) as resp:
+        return bool(resp.status == 200)
+
+
+@dataclass
+class DraNode:
+    """One node: its agent (the kubelet's DRA manager, plugin watcher, device manager) and its DRA plugin."""
+
+    name: str
+    root: Path
+    agent: NodeAgent
+    plugin: Proc
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plugin"
+
+    def books(self) -> dict[str, Any]:
+        """The agent's books; each container lists `cdi` (its CDI device IDs and what they injected) and `envs`."""
+        return self.agent.books()
+
+    def claims(self) -> list[dict[str, Any]]:
+        """The claims the node's DRA manager holds prepared (from its checkpoint)."""
+        out: list[dict[str, Any]] = self.agent._call("GET", "/claims")
+        return out
+
+    def registered(self, driver: str = DRIVER) -> bool:
+        return bool(self.agent._call("GET", f"/drivers/{driver}")["registered"])
+
+
+@dataclass
+class DraCluster:
+    root: Path
+    spec: DraSpec
+    procs: dict[str, Proc] = field(default_factory=dict)
+    nodes: list[DraNode] = field(default_factory=list)
+    pki: Pki | None = None
+    admin: Path = Path()
+    admin_cert: Pair | None = None
+    server: str = ""
+    api_client: k8s.ApiClient | None = None
+    took: float = 0.0
+
+    # --- bring-up ------------------------------------------------------------------------------------------------
+    def start(self) -> DraCluster:
+        missing = missing_binaries()
+        if missing:
+            raise ComponentFailed(f"missing {', '.join(missing)} in {BIN}: run `make e2e-bin` (e2e/README.md has "
+                                  "what a first build costs)")
+        t0 = time.monotonic()
+        pki = self.pki = make_pki(self.root / "pki")
+        sa = service_account_keys(pki.dir)
+        etcd, etcd_url = start_etcd(BIN / "etcd", self.root / "etcd", self.root / "logs" / "etcd.log")
+        self.procs["etcd"] = etcd
+        self._start_apiserver(pki, sa, etcd_url)
+        for ns in ("default", "kube-system"):  # the service-account controller's job (not run)
+            self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        self._start_controller_manager(pki, sa)
+        self._start_scheduler(pki)
+        self._start_nodes(pki)
+        self.took = time.monotonic() - t0
+        return self
+
+    def _proc(self, name: str, cmd: list[str]) -> Proc:
+        proc = Proc(name, cmd, self.root / "logs" / f"{name}.log")
+        self.procs[name] = proc
+        return proc
+
+    def _start_apiserver(self, pki: Pki, sa: Pair, etcd_url: str) -> None:
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        serving = pki.issue("apiserver", "kube-apiserver", server=True, ips=("127.0.0.1", "10.0.0.1"),
+                            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"))
+        self.admin_cert = pki.issue("admin", "realk8s-admin", orgs=("system:masters",))
+        self.admin = kubeconfigs.write(pki.dir / "admin.kubeconfig", self.server, pki.ca.cert, "admin",
+                                       cert=self.admin_cert)
+        api = self._proc("kube-apiserver", [
+            str(BIN / "kube-apiserver"), *apiserver_flags(etcd_url, port, sa), f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}", f"--client-ca-file={pki.ca.cert}",
+            f"--cert-dir={self.root / 'apiserver'}", "--authorization-mode=Node,RBAC", "--v=1"])
+        api.start()
+        api.wait_until(lambda: _https_ok(self.server + "/readyz", pki.ca.cert, self.admin_cert),
+                       "ready (/readyz)", timeout=90)
+        cfg = k8s.Configuration()
+        k8s_config.load_kube_config(config_file=str(self.admin), client_configuration=cfg)
+        self.api_client = k8s.ApiClient(cfg)
+
+    def _start_controller_manager(self, pki: Pki, sa: Pair) -> None:
+        cert = pki.issue("kube-controller-manager", "system:kube-controller-manager")
+        kc = kubeconfigs.write(pki.dir / "kube-controller-manager.kubeconfig", self.server, pki.ca.cert,
+                               "kube-controller-manager", cert=cert)
+        port = free_port()
+        kcm = self._proc("kube-controller-manager", [
+            str(BIN / "kube-controller-manager"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}", "--use-service-account-credentials=true",
+            f"--controllers={','.join(KCM_CONTROLLERS)}", "--leader-elect=false",
+            f"--service-account-private-key-file={sa.key}", f"--root-ca-file={pki.ca.cert}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.root / 'kcm'}", "--v=2"])
+        kcm.start()
+        kcm.wait_until(lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", None), "healthy", timeout=90)
+
+    def _start_scheduler(self, pki: Pki) -> None:
+        cert = pki.issue("kube-scheduler", "system:kube-scheduler")
+        kc = kubeconfigs.write(pki.dir / "kube-scheduler.kubeconfig", self.server, pki.ca.cert, "kube-scheduler",
+                               cert=cert)
+        port = free_port()
+        sched = self._proc("kube-scheduler", [
+            str(BIN / "kube-scheduler"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", "--v=2"])
+        sched.start()
+        sched.wait_until(lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", None), "healthy", timeout=60)
+
+    def _start_nodes(self, pki: Pki) -> None:
+        assert self.pki is not None
+        for i in range(self.spec.nodes):
+            name = f"dra-node-{i}"
+            root = self.root / f"n{i}"
+            root.mkdir(parents=True)
+            cert = pki.issue(f"node-{i}", f"system:node:{name}", orgs=("system:nodes",))
+            node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
+                                        cert=cert)
+            agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
+                              extra_args=["--plugins-registry-dir", str(root / "plugins_registry"),
+                                          "--cdi-dir", str(root / "cdi"), "--status-period", "10s"],
+                              binary_dir=BIN)
+            plugin = self._proc(f"{name}-plugin", [
+                str(BIN / "stubdra"), "--node-name", name, "--kubeconfig", str(self.admin),
+                "--plugins-registry-dir", str(root / "plugins_registry"), "--plugin-dir", str(root / "plugin"),
+                "--cdi-dir", str(root / "cdi"), "--gpus", str(self.spec.gpus),
+                "--gpu-memory", self.spec.gpu_memory])
+            self.nodes.append(DraNode(name, root, agent, plugin))
+        for node in self.nodes:
+            node.agent.start(timeout=60)
+        for node in self.nodes:
+            self._wait(lambda n=node: self._ready_untainted(n.name), f"node {node.name} Ready, untainted", 60)
+            self.core.patch_node(node.name, {"metadata": {"labels": {MODE_LABEL: MODE_DRA}}})
+            node.plugin.start()
+        for node in self.nodes:
+            self.wait_plugin(node)
+
+    def wait_plugin(self, node: DraNode, timeout: float = 60) -> None:
+        """Until the node's DRA manager has the driver registered and the node's ResourceSlice is published."""
+        node.plugin.wait_until(lambda: node.registered() and bool(self.slices(node.name)),
+                               f"registered with {node.name}'s DRA manager and its ResourceSlice published",
+                               timeout)
+
+    # --- helpers -------------------------------------------------------------------------------------------------
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api_client)
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        """resource.k8s.io/v1 objects (DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice)."""
+        return k8s.CustomObjectsApi(self.api_client)
+
+    def resource(self, plural: str, namespace: str | None = None, name: str | None = None) -> Any:
+        """GET resource.k8s.io/v1 objects: one by name, or the list's items (namespaced or cluster-wide)."""
+        c = self.custom
+        if name is not None:
+            if namespace is None:
+                return c.get_cluster_custom_object("resource.k8s.io", "v1", plural, name)
+            return c.get_namespaced_custom_object("resource.k8s.io", "v1", namespace, plural, name)
+        if namespace is None:
+            return c.list_cluster_custom_object("resource.k8s.io", "v1", plural)["items"]
+        return c.list_namespaced_custom_object("resource.k8s.io", "v1", namespace, plural)["items"]
+
+    def create_resource(self, plural: str, body: dict[str, Any], namespace: str | None = None) -> Any:
+        c = self.custom
+        if namespace is None:
+            return c.create_cluster_custom_object("resource.k8s.io", "v1", plural, body)
+        return c.create_namespaced_custom_object("resource.k8s.io", "v1", namespace, plural, body)
+
+    def slices(self, node: str) -> list[dict[str, Any]]:
+        return [s for s in self.resource("resourceslices")
+                if s["spec"].get("nodeName") == node and s["spec"]["driver"] == DRIVER]
+
+    def _ready_untainted(self, name: str) -> bool:
+        try:
+            n = self.core.read_node(name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        return ready and not any(t.key == NOT_READY_TAINT for t in (n.spec.taints or []))
+
+    def _wait(self, cond: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise ComponentFailed(f"not {what} within {timeout:.0f} s\n{self.logs(20)}")
+            time.sleep(0.2)
+
+    def wait(self, cond: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+        """Poll `cond` until it returns something true (returned); fail with the components' logs otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = cond()
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not {what} within {timeout:.0f} s\n{self.logs(30)}")
+            time.sleep(0.2)
+
+    def node(self, name: str) -> DraNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def namespace(self, prefix: str = "dra") -> str:
+        """A fresh namespace with its default ServiceAccount (the service-account controller's job)."""
+        name = f"{prefix}-{os.urandom(3).hex()}"
+        self.core.create_namespace({"metadata": {"name": name}})
+        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+        return name
+
+    def clear_namespace(self, ns: str, timeout: float = 60) -> None:
+        """Delete the namespace's pods and wait until no node agent holds them nor any claim of the namespace."""
+        for pod in self.core.list_namespaced_pod(ns).items:
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self._wait(lambda: not any(p["namespace"] == ns for n in self.nodes for p in n.books()["pods"])
+                   and not any(c["namespace"] == ns for n in self.nodes for c in n.claims()),
+                   f"pods and claims of {ns} gone from the node agents", timeout)
+
+    def logs(self, lines: int = 40) -> str:
+        parts = [f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items()]
+        parts += [f"===== {n.name}-agent ({n.agent.log_path}) =====\n{n.agent.tail(lines)}" for n in self.nodes]
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.plugin.stop()
+            node.agent.stop()
+        for name in ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]:
+            if name in self.procs:
+                self.procs[name].stop()
+
+
+def cdi_specs(node: DraNode) -> list[dict[str, Any]]:
+    """The CDI spec files the node's plugin has written, parsed."""
+    return [json.loads(p.read_text()) for p in sorted(node.cdi_dir.glob("*.json"))]
+
+
+# --- pytest fixtures -----------------------------------------------------------------------------------------
+KEEP_ENV = "REALK8S_KEEP"  # set: leave the cluster's directory (logs, certificates, etcd) in /tmp
+
+
+@contextmanager
+def running_dra(spec: DraSpec | None = None) -> Iterator[DraCluster]:
+    """A started DRA cluster, stopped (every process group) and removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))  # unix sockets need short paths
+    cluster = DraCluster(root, spec or DraSpec())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        if not os.environ.get(KEEP_ENV):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def dra_cluster() -> Iterator[DraCluster]:
+    """The session's DRA cluster: 2 nodes x 2 devices x 16 GiB, kube-controller-manager, kube-scheduler."""
+    with running_dra() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def dra_ns(dra_cluster: DraCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the session's DRA cluster for one test; its pods are deleted at the end (and their claims
+    unprepared), and the components' logs printed when the test failed."""
+    failed = request.session.testsfailed
+    name = dra_cluster.namespace()
+    yield name
+    if request.session.testsfailed > failed:
+        print(dra_cluster.logs())
+    dra_cluster.clear_namespace(name)
