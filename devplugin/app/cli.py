@@ -1,4 +1,4 @@
-"""`devplugin serve` (the node daemon), `devplugin demo` (the daemon on a simulated node), `devplugin scheduler`
+"""`devplugin serve` (the node daemon), `devplugin dra` (the DRA kubelet plugin), `devplugin demo` (the daemon on a simulated node), `devplugin scheduler`
 (extender and webhooks) and `devplugin inspect` (who holds which GPU)."""
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Run the device-plugin daemon. Every flag can also be set by the env var named in its help.",
     )
     add_arguments(serve)
+    from devplugin.app.dra_config import DraConfig, dra_from_args
+
+    dra = sub.add_parser(
+        "dra", help="run the DRA kubelet plugin (driver gpu.gpushare.io) on a node labelled "
+        "gpushare.io/allocation=dra",
+        description="Publish this node's GPUs as ResourceSlices and prepare the ResourceClaims the scheduler "
+        "allocates on them. Every flag can also be set by DEVPLUGIN_DRA_<FLAG> (NODE_NAME for --node-name).")
+    add_arguments(dra, DraConfig)
     demo = sub.add_parser("demo", help="run the real daemon on a simulated 4 x 15 GiB node and admit example pods")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory for inspection")
     from devplugin.inspect import cli as inspect_cli
@@ -43,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         return scheduler_service.run(args)
     if args.command == "inspect":
         return inspect_cli.run(args)
+    if args.command == "dra":
+        try:
+            dra_cfg = dra_from_args(args)
+        except ValueError as exc:
+            parser.exit(2, f"devplugin dra: {exc}\n")
+        logs.setup(dra_cfg.log_level, dra_cfg.log_format)
+        from devplugin.app.dra import run as run_dra
+
+        return run_dra(dra_cfg)
     if args.command == "serve":
         try:
             cfg = from_args(args)

@@ -126,10 +126,12 @@ class Config:
             raise ValueError(f"--state-dir must name a directory (set by flag or {self.env_name('state_dir')})")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per Config field; defaults come from the env var when set."""
-    probe = Config()
-    for f in fields(Config):
+def add_arguments(parser: argparse.ArgumentParser, cls: type[Any] | None = None) -> None:
+    """One flag per field of `cls` (Config unless given; any dataclass with defaults and env_name()); defaults
+    come from the env var when set."""
+    cls = cls or Config
+    probe = cls()
+    for f in fields(cls):
         env = probe.env_name(f.name)
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
         kind: type[Any] = type(f.default)

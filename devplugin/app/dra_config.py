@@ -1,0 +1,85 @@
+"""`devplugin dra` settings: one typed dataclass; every flag is also settable by an env var (DEVPLUGIN_DRA_<FLAG>,
+NODE_NAME for the node)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, fields
+
+from devplugin import contract
+from devplugin.app.config import _opt
+from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
+
+ENV_PREFIX = "DEVPLUGIN_DRA_"
+
+
+@dataclass
+class DraConfig:
+    node_name: str = _opt("", "this node's name: the ResourceSlices' pool and nodeName, and the node whose label "
+                          f"{contract.LABEL_ALLOCATION}={contract.ALLOCATION_DRA} turns DRA on", env="NODE_NAME")
+    kubeconfig: str = _opt("", "kubeconfig for the apiserver (empty: in-cluster config, then ~/.kube/config)")
+    plugins_registry_dir: str = _opt("/var/lib/kubelet/plugins_registry", "the kubelet's plugin watcher directory: "
+                                     "the registration socket goes here")
+    plugin_dir: str = _opt(f"/var/lib/kubelet/plugins/{contract.DRA_DRIVER}", "directory of the DRA socket "
+                           "(dra.sock, the endpoint the kubelet calls) and of the checkpoint of prepared claims")
+    cdi_dir: str = _opt("/var/run/cdi", "where the CDI specs of prepared claims are written (the container "
+                        "runtime's CDI spec directory)")
+    shim: str = _opt("auto", "deliver the isolation shim to shares: auto (when --shim-lib exists), on, off",
+                     choices=("auto", "on", "off"))
+    shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")
+    shim_state_dir: str = _opt("/var/run/gpushare", "host directory for per-claim limits and accounting")
+    state_dir: str = _opt("/var/lib/gpushare", "host directory for GPU health that outlives the plugin")
+    ignored_xids: str = _opt(",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS)),
+                             "comma-separated XIDs that do not mark a GPU unhealthy")
+    reset_xids: str = _opt(",".join(str(x) for x in sorted(DEFAULT_RESET_XIDS)),
+                           "comma-separated XIDs after which a GPU stays unhealthy until it is reset")
+    recovery_seconds: float = _opt(60.0, "an unhealthy GPU quiet for this long turns healthy (not --reset-xids)",
+                                   maximum=86400.0)
+    resync_seconds: float = _opt(30.0, "how often the ResourceSlices are compared with the apiserver's (a health "
+                                 "change is published at once)", maximum=3600.0)
+    health_port: int = _opt(8090, "port of /healthz, /readyz and /metrics (0: none)")
+    log_format: str = _opt("text", "log format", choices=("text", "json"))
+    log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    def env_name(self, name: str) -> str:
+        meta = next(f for f in fields(self) if f.name == name).metadata
+        return meta.get("env") or ENV_PREFIX + name.upper()
+
+    def xids(self, name: str) -> frozenset[int]:
+        value = getattr(self, name)
+        try:
+            return frozenset(int(x) for x in value.replace(" ", "").split(",") if x)
+        except ValueError:
+            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not a comma-separated list of integers "
+                             f"(set by flag or {self.env_name(name)})") from None
+
+    def validate(self) -> None:
+        """ValueError naming the setting that is wrong and how to fix it."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            choices = f.metadata.get("choices")
+            if choices and value not in choices:
+                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} is not one of "
+                                 f"{', '.join(repr(c) for c in choices)} (set by flag or {self.env_name(f.name)})")
+            maximum = f.metadata.get("maximum")
+            if f.type in ("float", float) and not (math.isfinite(value) and 0 < value <= (maximum or math.inf)):
+                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} must be a finite number greater than 0 and "
+                                 f"at most {maximum:g} (set by flag or {self.env_name(f.name)})")
+        if not self.node_name:
+            raise ValueError("no node name: set NODE_NAME from the downward API (spec.nodeName) or --node-name; the "
+                             "ResourceSlices are this node's")
+        both = self.xids("ignored_xids") & self.xids("reset_xids")
+        if both:
+            raise ValueError(f"XID {','.join(map(str, sorted(both)))} is in both --ignored-xids and --reset-xids")
+        for name in ("plugins_registry_dir", "plugin_dir", "cdi_dir", "state_dir", "shim_state_dir"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name.replace('_', '-')} must name a directory")
+        if not 0 <= self.health_port <= 65535:
+            raise ValueError(f"--health-port {self.health_port} is not a port (0..65535)")
+
+
+def dra_from_args(ns: argparse.Namespace) -> DraConfig:
+    cfg = DraConfig(**{f.name: getattr(ns, f.name) for f in fields(DraConfig)})
+    cfg.validate()
+    return cfg

@@ -1,0 +1,88 @@
+"""CDI specs (Container Device Interface) for prepared claims: one spec file and one CDI device per claim, named
+after the claim's UID, with the env and mounts that `devplugin serve` gives a shared container. The container
+runtime reads `<cdi-dir>/gpushare.io-gpu_<claim UID>.json` when the kubelet names the device
+`gpushare.io/gpu=<claim UID>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from devplugin import contract
+from devplugin.allocation.ports import MountSpec
+from devplugin.dra.claims import GpuBudget
+
+CDI_VERSION = "0.6.0"
+_UID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+MiB = 1 << 20
+
+
+def check_uid(uid: str) -> str:
+    """A claim UID names files on the host: 1..63 of [a-z0-9-], else ValueError."""
+    if not isinstance(uid, str) or not _UID.fullmatch(uid):
+        raise ValueError(f"claim UID {uid!r} is not 1..63 characters of a-z, 0-9 and '-'")
+    return uid
+
+
+def device_id(uid: str) -> str:
+    """The fully qualified CDI device name the kubelet passes to the runtime."""
+    return f"{contract.DRA_CDI_KIND}={check_uid(uid)}"
+
+
+def spec_path(cdi_dir: Path, uid: str) -> Path:
+    vendor, cls = contract.DRA_CDI_KIND.split("/")
+    return Path(cdi_dir) / f"{vendor}-{cls}_{check_uid(uid)}.json"
+
+
+def claim_env(budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict[str, str]:
+    """The env serve gives a shared container: the GPUs (UUIDs, indexes), and with the shim HAMi-core's limits
+    (per device memory in MiB, the compute share) and the accounting file."""
+    env = {contract.ENV_NVIDIA_VISIBLE_DEVICES: ",".join(b.gpu.uuid for b in budgets),
+           contract.ENV_ALIYUN_MEM_IDX: ",".join(str(b.gpu.index) for b in budgets)}
+    if not mounts:
+        return env
+    for i, b in enumerate(budgets):
+        if not b.whole:
+            env[f"{contract.ENV_MEMORY_LIMIT}_{i}"] = f"{b.memory // MiB}m"
+    shared = [b.cores for b in budgets if not b.whole]
+    if shared and min(shared) < contract.CORE_PER_GPU:
+        env[contract.ENV_SM_LIMIT] = str(min(shared))
+    if any(m.container_path == contract.CONTAINER_SHARED_CACHE for m in mounts):
+        env[contract.ENV_SHARED_CACHE] = contract.CONTAINER_SHARED_CACHE
+    return env
+
+
+def build_spec(uid: str, budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict[str, object]:
+    """The CDI spec of one claim: one device named after the claim UID."""
+    env = claim_env(budgets, mounts)
+    edits: dict[str, object] = {"env": [f"{k}={v}" for k, v in env.items()]}
+    if mounts:
+        edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
+                            "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]} for m in mounts]
+    return {"cdiVersion": CDI_VERSION, "kind": contract.DRA_CDI_KIND,
+            "devices": [{"name": check_uid(uid), "containerEdits": edits}]}
+
+
+def write_spec(path: Path, spec: dict[str, object]) -> None:
+    """Write atomically (temporary file, fsync, rename): the runtime never reads half a spec."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_spec(path: Path) -> None:
+    path.unlink(missing_ok=True)

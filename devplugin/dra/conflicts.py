@@ -1,0 +1,116 @@
+"""One container, at most one claim of this driver.
+
+Each prepared claim is one CDI device whose edits set NVIDIA_VISIBLE_DEVICES and the shim's limits (one limits
+file, one accounting file, at fixed paths in the container). Two such devices in one container would set the same
+env and mount the same paths, and which one wins is the runtime's choice: the container could end up with one
+claim's GPUs and the other's limits. So a container that uses two claims of this driver is refused at prepare,
+with a message that says what to do (one claim with several requests, or one claim per container). A claim used
+by two containers, or by two pods, is one share with one budget: they all get the same CDI device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from devplugin import contract
+from devplugin.dra.checkpoint import PreparedClaim
+from devplugin.dra.claims import ClaimRef
+
+log = logging.getLogger(__name__)
+
+MAX_PODS = 8  # pods of one call whose spec is read
+ReadPod = Callable[[str, str], object]  # (namespace, name) -> the Pod as JSON
+
+
+def _ours(claim: object) -> bool:
+    if not isinstance(claim, dict):
+        return False
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return isinstance(results, list) and any(isinstance(r, dict) and r.get("driver") == contract.DRA_DRIVER
+                                             for r in results)
+
+
+def _obj(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def reserved_pods(claim: object) -> list[tuple[str, str]]:
+    """(namespace, name) of the pods a claim is reserved for."""
+    if not isinstance(claim, dict):
+        return []
+    ns = str((claim.get("metadata") or {}).get("namespace", ""))
+    out = []
+    for r in (claim.get("status") or {}).get("reservedFor") or []:
+        if isinstance(r, dict) and r.get("resource") == "pods" and isinstance(r.get("name"), str):
+            out.append((ns, r["name"]))
+    return out
+
+
+def pod_claim_names(pod: Mapping[str, object]) -> dict[str, str]:
+    """The pod's claim reference name -> the ResourceClaim's name (direct, or generated from a template)."""
+    spec, status = _obj(pod.get("spec")), _obj(pod.get("status"))
+    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
+                 if isinstance(s, dict)}
+    out = {}
+    for ref in spec.get("resourceClaims") or []:
+        if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
+            continue
+        name = ref.get("resourceClaimName") or generated.get(ref["name"])
+        if isinstance(name, str):
+            out[ref["name"]] = name
+    return out
+
+
+def containers_with_two(pod: Mapping[str, object], ours: set[str]) -> list[tuple[str, list[str]]]:
+    """(container, its claims of this driver) for every container that uses more than one of `ours`."""
+    names = pod_claim_names(pod)
+    spec = _obj(pod.get("spec"))
+    bad = []
+    for kind in ("initContainers", "containers"):
+        for c in spec.get(kind) or []:
+            if not isinstance(c, dict):
+                continue
+            used = [names.get(r.get("name", "")) for r in (c.get("resources") or {}).get("claims") or []
+                    if isinstance(r, dict)]
+            mine = sorted({n for n in used if n in ours})
+            if len(mine) > 1:
+                bad.append((str(c.get("name", "?")), mine))
+    return bad
+
+
+class ConflictCheck:
+    """Reads the pods a call's claims are reserved for and refuses claims that share a container."""
+
+    def __init__(self, read_pod: ReadPod) -> None:
+        self.read_pod = read_pod
+
+    def check(self, refs: Sequence[ClaimRef], claims: Mapping[str, object],
+              prepared: Mapping[str, PreparedClaim]) -> dict[str, str]:
+        """UID -> why the claim cannot be prepared ("" or absent: fine)."""
+        ours_by_ns: dict[str, set[str]] = {}
+        for ref in refs:
+            if _ours(claims.get(ref.uid)):
+                ours_by_ns.setdefault(ref.namespace, set()).add(ref.name)
+        for p in prepared.values():
+            ours_by_ns.setdefault(p.namespace, set()).add(p.name)
+        pods = list(dict.fromkeys(pod for ref in refs for pod in reserved_pods(claims.get(ref.uid))))[:MAX_PODS]
+        out: dict[str, str] = {}
+        for ns, name in pods:
+            try:
+                pod = self.read_pod(ns, name)
+            except Exception as exc:  # noqa: BLE001 - a pod that cannot be read is not checked, and the log says so
+                log.warning("cannot read pod %s/%s to check its containers' claims: %s", ns, name, exc,
+                            extra={"fields": {"namespace": ns, "pod": name}})
+                continue
+            if not isinstance(pod, dict):
+                continue
+            for container, claim_names in containers_with_two(pod, ours_by_ns.get(ns, set())):
+                msg = (f"container {container} of pod {ns}/{name} uses {len(claim_names)} claims of "
+                       f"{contract.DRA_DRIVER} ({', '.join(claim_names)}): a container gets one set of GPUs and one "
+                       "limits file, so put the requests in one claim (shares of one GPU in one claim add up) or give "
+                       "each claim its own container")
+                for ref in refs:
+                    if ref.namespace == ns and ref.name in claim_names:
+                        out[ref.uid] = f"claim {ref}: {msg}"
+        return out

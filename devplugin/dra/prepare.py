@@ -1,0 +1,169 @@
+"""NodePrepareResources / NodeUnprepareResources as plain functions over a claim reader, the shim files, the CDI
+directory and the checkpoint (the gRPC servicer in devplugin/dra/servicer.py only translates).
+
+Prepare, per claim: a claim already in the checkpoint is answered from it (idempotent, also after a restart);
+otherwise the ResourceClaim is read (its UID checked), its allocation for this driver checked and summed per GPU
+(devplugin/dra/claims.py), the shares' limits written as `devplugin serve` writes a container's (a directory per
+claim under the shim root: limits file, usage file), a CDI spec written, then the checkpoint. Unprepare removes the
+CDI spec, the claim's directory and its checkpoint entry; a claim it does not know is already unprepared. Errors
+are per claim and name the claim, the GPU and the capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devplugin.dra import cdi
+from devplugin.dra import checkpoint as ckpt
+from devplugin.dra.checkpoint import PreparedClaim, PreparedDevice
+from devplugin.dra.claims import ClaimError, ClaimRef, budgets, claim_limits, shares_of
+from devplugin.dra.conflicts import ConflictCheck
+from devplugin.dra.slices import DeviceRef
+from devplugin.isolation.shim_files import Owner, ShimPaths, container_dir, prepare_container
+
+log = logging.getLogger(__name__)
+
+ReadClaim = Callable[[str, str], object]  # (namespace, name) -> the ResourceClaim as JSON; raises on failure
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One claim's answer: its devices, or an error."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def shim_dir_name(uid: str) -> str:
+    return f"claim-{cdi.check_uid(uid)}"
+
+
+@dataclass
+class Preparer:
+    """See the module docstring. `serving()` answers "" when this node serves DRA, else why not."""
+
+    node: str
+    devices: Mapping[str, DeviceRef]
+    read_claim: ReadClaim
+    cdi_dir: Path
+    checkpoint_path: Path
+    shim: ShimPaths | None = None
+    serving: Callable[[], str] = lambda: ""
+    conflicts: ConflictCheck | None = None
+    observe: Callable[[str, float, bool], None] = lambda op, seconds, ok: None
+    prepared: dict[str, PreparedClaim] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self.prepared = ckpt.load(self.checkpoint_path)  # CheckpointError: the caller refuses to start
+        if self.prepared:
+            log.info("checkpoint %s: %d prepared claims", self.checkpoint_path, len(self.prepared),
+                     extra={"fields": {"node": self.node}})
+
+    # ---- prepare --------------------------------------------------------------------------------------------
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Every claim of one NodePrepareResources call, by UID."""
+        out: dict[str, Outcome] = {}
+        fresh = [r for r in refs if r.uid not in self.prepared]
+        claims: dict[str, object] = {}
+        for ref in fresh:
+            try:
+                claims[ref.uid] = self.read_claim(ref.namespace, ref.name)
+            except Exception as exc:  # noqa: BLE001 - any failure of the read is this claim's error
+                claims[ref.uid] = exc
+        conflicts = self.conflicts.check(fresh, claims, self.prepared) if self.conflicts is not None else {}
+        for ref in refs:
+            start = time.monotonic()
+            outcome = self._prepare_one(ref, claims.get(ref.uid), conflicts.get(ref.uid, ""))
+            self.observe("prepare", time.monotonic() - start, not outcome.error)
+            out[ref.uid] = outcome
+        return out
+
+    def _prepare_one(self, ref: ClaimRef, claim: object, conflict: str) -> Outcome:
+        fields = {"node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}
+        done = self.prepared.get(ref.uid)
+        if done is not None:
+            return Outcome(done.devices)
+        try:
+            cdi.check_uid(ref.uid)
+            why_not = self.serving()
+            if why_not:
+                raise ClaimError(f"claim {ref}: this node does not serve DRA now ({why_not})")
+            if isinstance(claim, BaseException):
+                raise ClaimError(f"claim {ref}: cannot read it from the apiserver: "
+                                 f"{getattr(claim, 'reason', None) or claim}")
+            if conflict:
+                raise ClaimError(conflict)
+            prepared = self._write(ref, claim)
+            with self._lock:
+                self.prepared[ref.uid] = prepared
+                self._save()
+        except (ClaimError, ValueError, OSError) as exc:
+            log.warning("cannot prepare: %s", exc, extra={"fields": fields})
+            return Outcome(error=str(exc))
+        log.info("prepared claim %s: %s", ref, ", ".join(f"{d.device} (share {d.share_id or 'whole'})"
+                                                         for d in prepared.devices), extra={"fields": fields})
+        return Outcome(prepared.devices)
+
+    def _write(self, ref: ClaimRef, claim: object) -> PreparedClaim:
+        shares = shares_of(claim, ref, self.node, self.devices)
+        per_gpu = budgets(shares, ref)
+        limits = claim_limits(per_gpu)
+        mounts = []
+        shim_dir = ""
+        if limits is not None and self.shim is not None:
+            shim_dir = shim_dir_name(ref.uid)
+            owner = Owner(devices=tuple(s.share_id for s in shares if s.share_id), namespace=ref.namespace,
+                          pod=ref.name, container="")
+            mounts = list(prepare_container(self.shim, shim_dir, limits, owner=owner, fresh=True))
+        cdi.write_spec(cdi.spec_path(self.cdi_dir, ref.uid), cdi.build_spec(ref.uid, per_gpu, mounts))
+        ids = (cdi.device_id(ref.uid),)
+        devices = tuple(PreparedDevice((s.request,), s.pool, s.device, s.share_id, ids) for s in shares)
+        return PreparedClaim(ref.namespace, ref.name, devices, shim_dir,
+                             tuple(b.gpu.uuid for b in per_gpu if not b.whole))
+
+    # ---- unprepare ------------------------------------------------------------------------------------------
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """Every claim of one NodeUnprepareResources call: UID -> error ("" when done)."""
+        out = {}
+        for ref in refs:
+            start = time.monotonic()
+            out[ref.uid] = self._unprepare_one(ref)
+            self.observe("unprepare", time.monotonic() - start, not out[ref.uid])
+        return out
+
+    def _unprepare_one(self, ref: ClaimRef) -> str:
+        fields = {"node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}
+        try:
+            cdi.remove_spec(cdi.spec_path(self.cdi_dir, ref.uid))
+            if self.shim is not None:
+                cdir = container_dir(self.shim, shim_dir_name(ref.uid))
+                if cdir.is_symlink():
+                    cdir.unlink()
+                elif cdir.exists():
+                    shutil.rmtree(cdir)
+            with self._lock:
+                known = self.prepared.pop(ref.uid, None)
+                if known is not None:
+                    self._save()
+        except (ValueError, OSError) as exc:
+            log.warning("cannot unprepare claim %s: %s", ref, exc, extra={"fields": fields})
+            return f"claim {ref}: cannot unprepare: {exc}"
+        if known is not None:
+            log.info("unprepared claim %s", ref, extra={"fields": fields})
+        return ""
+
+    def _save(self) -> None:
+        ckpt.save(self.checkpoint_path, self.prepared)
+
+    def held(self) -> int:
+        """How many claims are prepared (a relabel waits for 0)."""
+        return len(self.prepared)
