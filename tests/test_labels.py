@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
+
 from devplugin.app.config import Config
 from devplugin.app.serve import settings_from
 from devplugin.kube.labels import mode_from_labels
@@ -27,3 +32,39 @@ def test_mode_labels_and_legacy_labels() -> None:
     assert mode_from_labels({"gpushare": "true"}) == "share"
     assert mode_from_labels({"cgpu": "true"}) == "cgpu"
     assert mode_from_labels({"kubernetes.io/os": "linux"}) is None
+
+
+def test_a_dra_node_is_not_served_by_the_device_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`devplugin serve` on a node labelled gpushare.io/allocation=dra registers no resource and says why."""
+    from devplugin.app import serve
+    from devplugin.app.node_daemon import KubeLink
+
+    labels = {"ack.node.gpu.schedule": "core_mem", "gpushare.io/allocation": "dra"}
+    assert settings_from(labels, Config()).mode == "dra"
+
+    class Watch:
+        synced = threading.Event()
+
+        def labels(self) -> dict[str, str]:
+            return labels
+
+        def stop(self) -> None:
+            pass
+
+    Watch.synced.set()
+    monkeypatch.setattr(serve, "connect", lambda *a, **k: KubeLink(node_watch=Watch()))  # type: ignore[arg-type]
+    sup = serve.Supervisor(Config(node_name="n1"), [], None)
+    thread = threading.Thread(target=sup.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "allocation=dra" not in sup.waiting_why:
+            time.sleep(0.01)
+        ok, why = sup.ready()
+        assert not ok and "gpushare.io/allocation=dra" in why and "devplugin dra" in why
+        assert sup.current is None, "no device plugin built, nothing registered with the kubelet"
+    finally:
+        sup.stop_event.set()
+        sup.changed.set()
+        thread.join(10)
+    assert not thread.is_alive()

@@ -1,4 +1,5 @@
-"""`devplugin serve` (the node daemon), `devplugin dra` (the DRA kubelet plugin), `devplugin demo` (the daemon on a simulated node), `devplugin scheduler`
+"""`devplugin serve` (the node daemon), `devplugin dra` (the DRA kubelet plugin), `devplugin demo` (the daemon on
+a simulated node), `devplugin scheduler`
 (extender and webhooks) and `devplugin inspect` (who holds which GPU)."""
 
 from __future__ import annotations

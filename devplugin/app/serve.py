@@ -21,7 +21,7 @@ from devplugin.app.config import Config
 from devplugin.app.health_server import HealthServer
 from devplugin.app.metrics import NodeMetrics
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
-from devplugin.contract import LABEL_MODE, LABEL_PLACEMENT
+from devplugin.contract import ALLOCATION_DRA, LABEL_ALLOCATION, LABEL_MODE, LABEL_PLACEMENT
 from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
@@ -62,6 +62,9 @@ def settings_from(labels: dict[str, str] | None, cfg: Config, gpus: int = 0) -> 
     """The node's mode and placement (and GPUs kept for gpu-count, of `gpus`): its labels when they are known,
     else the flags; None when neither says."""
     if labels is not None:
+        if labels.get(LABEL_ALLOCATION) == ALLOCATION_DRA:
+            return NodeSettings(ALLOCATION_DRA, labels.get(LABEL_PLACEMENT, cfg.placement),
+                                f"node label {LABEL_ALLOCATION}={ALLOCATION_DRA}")
         mode = mode_from_labels(labels)
         placement = labels.get(LABEL_PLACEMENT, cfg.placement)
         whole, problem = whole_gpus_from_labels(labels, gpus)
@@ -129,6 +132,14 @@ class Supervisor:
         self.settings = self._initial_settings()
         janitor = None
         while not self.stop_event.is_set() and self.settings is not None:
+            if self.settings.mode == ALLOCATION_DRA:
+                self.waiting_why = (f"node is labelled {LABEL_ALLOCATION}={ALLOCATION_DRA}: its GPUs are served "
+                                    "through DRA by `devplugin dra`, so the device plugin registers no resource "
+                                    "(remove the label to serve them here)")
+                log.error("%s; serving nothing until the label changes", self.waiting_why,
+                          extra={"fields": {"node": self.cfg.node_name}})
+                self._wait_for_change(None)
+                continue
             if self.settings.mode not in MODES:
                 self.waiting_why = (f"node mode {self.settings.mode!r} ({self.settings.source}) is not served: label "
                                     "the node ack.node.gpu.schedule=core_mem|cgpu|share")

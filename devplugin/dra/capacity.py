@@ -21,6 +21,7 @@ CORES_STEP = contract.CORE_STEP
 CORES_MIN = CORES_STEP
 CORES_MAX = contract.CORE_PER_GPU
 MAX_QUANTITY_LEN = 64  # a Kubernetes quantity is short; anything longer is refused before parsing
+MAX_AMOUNT = 1 << 62  # far above any GPU; bounds the integer a quantity such as 1e400000 would make
 
 
 class CapacityError(ValueError):
@@ -55,6 +56,8 @@ def parse_amount(name: str, raw: object) -> int:
         value: Decimal = parse_quantity(text)
     except (ValueError, InvalidOperation, ArithmeticError):
         raise CapacityError(f"capacity {name!r}: {text!r} is not a quantity") from None
+    if value.is_finite() and abs(value) > MAX_AMOUNT:
+        raise CapacityError(f"capacity {name!r}: {text!r} is larger than any GPU")
     if not value.is_finite() or value != value.to_integral_value():
         raise CapacityError(f"capacity {name!r}: {text!r} is not a whole number")
     if value < 0:

@@ -1,7 +1,7 @@
-"""CDI specs (Container Device Interface) for prepared claims: one spec file and one CDI device per claim, named
-after the claim's UID, with the env and mounts that `devplugin serve` gives a shared container. The container
-runtime reads `<cdi-dir>/gpushare.io-gpu_<claim UID>.json` when the kubelet names the device
-`gpushare.io/gpu=<claim UID>`.
+"""CDI specs (Container Device Interface) for prepared claims: one spec file per claim, one CDI device per request
+of the claim (`<claim UID>-<request index>`), with the env and mounts that `devplugin serve` gives a shared
+container. The container runtime reads `<cdi-dir>/gpushare.io-gpu_<claim UID>.json` when the kubelet names the
+device `gpushare.io/gpu=<claim UID>-<index>`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def check_uid(uid: str) -> str:
     return uid
 
 
-def device_id(uid: str) -> str:
+def device_id(name: str) -> str:
     """The fully qualified CDI device name the kubelet passes to the runtime."""
-    return f"{contract.DRA_CDI_KIND}={check_uid(uid)}"
+    return f"{contract.DRA_CDI_KIND}={name}"
 
 
 def spec_path(cdi_dir: Path, uid: str) -> Path:
@@ -57,15 +57,19 @@ def claim_env(budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict
     return env
 
 
-def build_spec(uid: str, budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict[str, object]:
-    """The CDI spec of one claim: one device named after the claim UID."""
+def device_spec(name: str, budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict[str, object]:
+    """One CDI device: the env and mounts of one request of a claim."""
     env = claim_env(budgets, mounts)
     edits: dict[str, object] = {"env": [f"{k}={v}" for k, v in env.items()]}
     if mounts:
         edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
                             "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]} for m in mounts]
-    return {"cdiVersion": CDI_VERSION, "kind": contract.DRA_CDI_KIND,
-            "devices": [{"name": check_uid(uid), "containerEdits": edits}]}
+    return {"name": name, "containerEdits": edits}
+
+
+def build_spec(devices: Sequence[dict[str, object]]) -> dict[str, object]:
+    """The CDI spec of one claim: a device per request."""
+    return {"cdiVersion": CDI_VERSION, "kind": contract.DRA_CDI_KIND, "devices": list(devices)}
 
 
 def write_spec(path: Path, spec: dict[str, object]) -> None:

@@ -1,7 +1,7 @@
 """What this plugin prepared, in an atomic JSON file under the plugin directory, so that a restarted plugin (even
 after SIGKILL) answers NodePrepareResources the same and unprepares what it prepared before.
 
-    {"version": 1, "claims": {"<claim UID>": {"namespace": "...", "name": "...", "shim_dir": "claim-<UID>" or "",
+    {"version": 1, "claims": {"<claim UID>": {"namespace": "...", "name": "...", "shim_dir": "claim-<UID>-0,..." or "",
      "devices": [{"request_names": [...], "pool": "...", "device": "gpu-0", "share_id": "...",
                   "cdi_device_ids": ["gpushare.io/gpu=<UID>"]}], "share_gpus": ["GPU-..."]}}}
 """
@@ -35,7 +35,7 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
-    shim_dir: str = ""  # the alloc id of the claim's shim directory, "" for whole GPUs only
+    shim_dir: str = ""  # the alloc ids of the claim's shim directories (one per request), comma-separated
     share_gpus: tuple[str, ...] = field(default=())  # GPU UUIDs the claim holds shares of
 
 

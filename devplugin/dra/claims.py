@@ -49,6 +49,11 @@ class Share:
     cores: int  # percent
     share_id: str  # "" for a whole GPU
 
+    @property
+    def base_request(self) -> str:
+        """The claim's request ("gpus" of a firstAvailable subrequest "gpus/big"): what containers name."""
+        return self.request.split("/", 1)[0]
+
 
 @dataclass(frozen=True)
 class GpuBudget:

@@ -1,11 +1,11 @@
-"""One container, at most one claim of this driver.
+"""One container, at most one CDI device of this driver.
 
-Each prepared claim is one CDI device whose edits set NVIDIA_VISIBLE_DEVICES and the shim's limits (one limits
-file, one accounting file, at fixed paths in the container). Two such devices in one container would set the same
-env and mount the same paths, and which one wins is the runtime's choice: the container could end up with one
-claim's GPUs and the other's limits. So a container that uses two claims of this driver is refused at prepare,
-with a message that says what to do (one claim with several requests, or one claim per container). A claim used
-by two containers, or by two pods, is one share with one budget: they all get the same CDI device.
+Each request of a prepared claim is one CDI device whose edits set NVIDIA_VISIBLE_DEVICES and the shim's limits
+(one limits file, one accounting file, at fixed paths in the container). Two such devices in one container would
+set the same env and mount the same paths, and which one wins is the runtime's choice: the container could end up
+with one request's GPUs and the other's limits. So a container that would get two (two claims of this driver, or
+a claim with two requests taken whole) is refused at prepare, with a message that says what to do. A claim (or a
+request) used by two containers, or by two pods, is one share with one budget: they all get the same CDI device.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ MAX_PODS = 8  # pods of one call whose spec is read
 ReadPod = Callable[[str, str], object]  # (namespace, name) -> the Pod as JSON
 
 
-def _ours(claim: object) -> bool:
+def our_requests(claim: object) -> set[str]:
+    """The claim's requests (base names) that have results of this driver."""
     if not isinstance(claim, dict):
-        return False
+        return set()
     results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    return isinstance(results, list) and any(isinstance(r, dict) and r.get("driver") == contract.DRA_DRIVER
-                                             for r in results)
+    if not isinstance(results, list):
+        return set()
+    return {r["request"].split("/", 1)[0] for r in results if isinstance(r, dict) and
+            r.get("driver") == contract.DRA_DRIVER and isinstance(r.get("request"), str)}
 
 
 def _obj(value: object) -> dict:
@@ -62,8 +65,9 @@ def pod_claim_names(pod: Mapping[str, object]) -> dict[str, str]:
     return out
 
 
-def containers_with_two(pod: Mapping[str, object], ours: set[str]) -> list[tuple[str, list[str]]]:
-    """(container, its claims of this driver) for every container that uses more than one of `ours`."""
+def containers_with_two(pod: Mapping[str, object], ours: Mapping[str, set[str]]) -> list[tuple[str, list[str]]]:
+    """(container, the claim requests of this driver it would get) for every container that would get more than
+    one. `ours`: claim name -> its requests with results of this driver."""
     names = pod_claim_names(pod)
     spec = _obj(pod.get("spec"))
     bad = []
@@ -71,11 +75,16 @@ def containers_with_two(pod: Mapping[str, object], ours: set[str]) -> list[tuple
         for c in spec.get(kind) or []:
             if not isinstance(c, dict):
                 continue
-            used = [names.get(r.get("name", "")) for r in (c.get("resources") or {}).get("claims") or []
-                    if isinstance(r, dict)]
-            mine = sorted({n for n in used if n in ours})
-            if len(mine) > 1:
-                bad.append((str(c.get("name", "?")), mine))
+            got: set[str] = set()
+            for r in _obj(c.get("resources")).get("claims") or []:
+                claim = names.get(r.get("name", "")) if isinstance(r, dict) else None
+                if claim is None or claim not in ours:
+                    continue
+                request = r.get("request") or ""
+                wanted = {request.split("/", 1)[0]} & ours[claim] if request else ours[claim]
+                got |= {f"{claim}/{q}" for q in wanted}
+            if len(got) > 1:
+                bad.append((str(c.get("name", "?")), sorted(got)))
     return bad
 
 
@@ -88,12 +97,13 @@ class ConflictCheck:
     def check(self, refs: Sequence[ClaimRef], claims: Mapping[str, object],
               prepared: Mapping[str, PreparedClaim]) -> dict[str, str]:
         """UID -> why the claim cannot be prepared ("" or absent: fine)."""
-        ours_by_ns: dict[str, set[str]] = {}
+        ours_by_ns: dict[str, dict[str, set[str]]] = {}
         for ref in refs:
-            if _ours(claims.get(ref.uid)):
-                ours_by_ns.setdefault(ref.namespace, set()).add(ref.name)
+            requests = our_requests(claims.get(ref.uid))
+            if requests:
+                ours_by_ns.setdefault(ref.namespace, {})[ref.name] = requests
         for p in prepared.values():
-            ours_by_ns.setdefault(p.namespace, set()).add(p.name)
+            ours_by_ns.setdefault(p.namespace, {})[p.name] = {r for d in p.devices for r in d.request_names}
         pods = list(dict.fromkeys(pod for ref in refs for pod in reserved_pods(claims.get(ref.uid))))[:MAX_PODS]
         out: dict[str, str] = {}
         for ns, name in pods:
@@ -105,11 +115,12 @@ class ConflictCheck:
                 continue
             if not isinstance(pod, dict):
                 continue
-            for container, claim_names in containers_with_two(pod, ours_by_ns.get(ns, set())):
-                msg = (f"container {container} of pod {ns}/{name} uses {len(claim_names)} claims of "
-                       f"{contract.DRA_DRIVER} ({', '.join(claim_names)}): a container gets one set of GPUs and one "
-                       "limits file, so put the requests in one claim (shares of one GPU in one claim add up) or give "
-                       "each claim its own container")
+            for container, got in containers_with_two(pod, ours_by_ns.get(ns, {})):
+                msg = (f"container {container} of pod {ns}/{name} would get {len(got)} requests of "
+                       f"{contract.DRA_DRIVER} ({', '.join(got)}): a container gets one set of GPUs and one limits "
+                       "file, so ask for what it needs in one request (count: N for several GPUs), or give each "
+                       "request its own container (resources.claims[].request)")
+                claim_names = {g.split("/", 1)[0] for g in got}
                 for ref in refs:
                     if ref.namespace == ns and ref.name in claim_names:
                         out[ref.uid] = f"claim {ref}: {msg}"

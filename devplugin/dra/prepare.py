@@ -19,10 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devplugin.allocation.ports import MountSpec
 from devplugin.dra import cdi
 from devplugin.dra import checkpoint as ckpt
 from devplugin.dra.checkpoint import PreparedClaim, PreparedDevice
-from devplugin.dra.claims import ClaimError, ClaimRef, budgets, claim_limits, shares_of
+from devplugin.dra.claims import ClaimError, ClaimRef, Share, budgets, claim_limits, shares_of
 from devplugin.dra.conflicts import ConflictCheck
 from devplugin.dra.slices import DeviceRef
 from devplugin.isolation.shim_files import Owner, ShimPaths, container_dir, prepare_container
@@ -40,8 +41,13 @@ class Outcome:
     error: str = ""
 
 
-def shim_dir_name(uid: str) -> str:
-    return f"claim-{cdi.check_uid(uid)}"
+def shim_dir_name(uid: str, request_index: int) -> str:
+    """The shim directory of one request of a claim: claim-<UID>-<index of the request, in name order>."""
+    return f"claim-{cdi.check_uid(uid)}-{request_index}"
+
+
+def cdi_name(uid: str, request_index: int) -> str:
+    return f"{cdi.check_uid(uid)}-{request_index}"
 
 
 @dataclass
@@ -113,21 +119,34 @@ class Preparer:
         return Outcome(prepared.devices)
 
     def _write(self, ref: ClaimRef, claim: object) -> PreparedClaim:
+        """One CDI device (and one shim directory) per request of the claim: a container that names a request gets
+        that request's GPUs and budget; one that takes the whole claim gets them all (ConflictCheck refuses a
+        container that would get two). Only the first result of a request names its CDI device, so that the
+        kubelet hands it to a container once."""
         shares = shares_of(claim, ref, self.node, self.devices)
-        per_gpu = budgets(shares, ref)
-        limits = claim_limits(per_gpu)
-        mounts = []
-        shim_dir = ""
-        if limits is not None and self.shim is not None:
-            shim_dir = shim_dir_name(ref.uid)
-            owner = Owner(devices=tuple(s.share_id for s in shares if s.share_id), namespace=ref.namespace,
-                          pod=ref.name, container="")
-            mounts = list(prepare_container(self.shim, shim_dir, limits, owner=owner, fresh=True))
-        cdi.write_spec(cdi.spec_path(self.cdi_dir, ref.uid), cdi.build_spec(ref.uid, per_gpu, mounts))
-        ids = (cdi.device_id(ref.uid),)
-        devices = tuple(PreparedDevice((s.request,), s.pool, s.device, s.share_id, ids) for s in shares)
-        return PreparedClaim(ref.namespace, ref.name, devices, shim_dir,
-                             tuple(b.gpu.uuid for b in per_gpu if not b.whole))
+        by_request: dict[str, list[Share]] = {}
+        for s in shares:
+            by_request.setdefault(s.base_request, []).append(s)
+        specs, devices, shim_dirs, share_gpus = [], [], [], []
+        for i, (request, group) in enumerate(sorted(by_request.items())):
+            per_gpu = budgets(group, ref)
+            limits = claim_limits(per_gpu)
+            mounts: list[MountSpec] = []
+            if limits is not None and self.shim is not None:
+                shim_dir = shim_dir_name(ref.uid, i)
+                owner = Owner(devices=tuple(s.share_id for s in group if s.share_id), namespace=ref.namespace,
+                              pod=ref.name, container=request)
+                mounts = list(prepare_container(self.shim, shim_dir, limits, owner=owner, fresh=True))
+                shim_dirs.append(shim_dir)
+            name = cdi_name(ref.uid, i)
+            specs.append(cdi.device_spec(name, per_gpu, mounts))
+            share_gpus += [b.gpu.uuid for b in per_gpu if not b.whole]
+            for n, s in enumerate(group):
+                ids = (cdi.device_id(name),) if n == 0 else ()
+                devices.append(PreparedDevice((request,), s.pool, s.device, s.share_id, ids))
+        cdi.write_spec(cdi.spec_path(self.cdi_dir, ref.uid), cdi.build_spec(specs))
+        return PreparedClaim(ref.namespace, ref.name, tuple(devices), ",".join(shim_dirs),
+                             tuple(dict.fromkeys(share_gpus)))
 
     # ---- unprepare ------------------------------------------------------------------------------------------
 
@@ -145,11 +164,12 @@ class Preparer:
         try:
             cdi.remove_spec(cdi.spec_path(self.cdi_dir, ref.uid))
             if self.shim is not None:
-                cdir = container_dir(self.shim, shim_dir_name(ref.uid))
-                if cdir.is_symlink():
-                    cdir.unlink()
-                elif cdir.exists():
-                    shutil.rmtree(cdir)
+                root = container_dir(self.shim, shim_dir_name(ref.uid, 0)).parent
+                for cdir in root.glob(f"claim-{cdi.check_uid(ref.uid)}-*"):
+                    if cdir.is_symlink() or not cdir.is_dir():
+                        cdir.unlink()
+                    else:
+                        shutil.rmtree(cdir)
             with self._lock:
                 known = self.prepared.pop(ref.uid, None)
                 if known is not None:

@@ -25,6 +25,7 @@ class SocketServer:
         self.workers = workers
         self._server: grpc.Server | None = None
         self._inode: int | None = None
+        self.starts = 0  # how many times a socket was made (a re-registration makes a new one)
 
     def start(self) -> SocketServer:
         self.stop()
@@ -37,6 +38,7 @@ class SocketServer:
         server.start()
         self._server = server
         self._inode = os.stat(self.path).st_ino
+        self.starts += 1
         log.info("serving %s on %s", self.name, self.path, extra={"fields": {"socket": str(self.path)}})
         return self
 
