@@ -194,7 +194,9 @@ def test_values_cover_every_setting_of_the_daemon_and_the_scheduler() -> None:
     (["scheduler.enabled=true", "scheduler.replicas=0"], "replicas"),
     (["secondScheduler.enabled=true"], "needs scheduler.enabled"),
     (["scheduler.enabled=true", "scheduler.tls.certManager=false"], "caBundle"),
-], ids=["bad-mode", "unknown-setting", "over-maximum", "reserved", "no-replica", "second-alone", "no-ca"])
+    (["dra.enabled=true", "dra.largestGpuMemory=80 GiB"], "largestGpuMemory"),
+], ids=["bad-mode", "unknown-setting", "over-maximum", "reserved", "no-replica", "second-alone", "no-ca",
+        "dra-not-a-quantity"])
 def test_values_the_chart_cannot_take_are_refused_with_the_value_named(sets: list[str], message: str) -> None:
     args = ["template", "gpushare", str(CHART), "--namespace", "kube-system"]
     for s in sets:
@@ -223,6 +225,33 @@ def test_monitoring_renders_the_same_pod_monitors_as_the_kustomize_component(tmp
         assert chart[key] == kustomize[key], key
     # off by default
     assert not [o for o in render(*SETTINGS["second-scheduler"]) if o["kind"] == "PodMonitor"]
+
+
+def test_dra_renders_the_same_classes_and_policies_as_the_kustomize_component(tmp_path: Path) -> None:
+    mine = tmp_path / "overlay"
+    mine.mkdir()
+    rel = os.path.relpath(REPO / "deploy", mine)
+    (mine / "kustomization.yaml").write_text(textwrap.dedent(f"""\
+        apiVersion: kustomize.config.k8s.io/v1beta1
+        kind: Kustomization
+        resources: [{rel}/overlays/node-only]
+        components: [{rel}/components/dra]
+    """))
+    kustomize = by_key(same_cel([d for d in yaml.safe_load_all(render_text(mine)) if d]))
+    chart = by_key(same_cel(render("dra.enabled=true")))
+    assert set(chart) == set(kustomize)
+    ours = [k for k in kustomize if k[0] == "DeviceClass" or "-dra-" in k[2]]
+    assert len(ours) == 7
+    for key in ours:
+        assert chart[key] == kustomize[key], key
+    # off by default; the limit is the ConfigMap's, in the release's namespace, named in the policy's messages
+    assert not [o for o in render() if o["kind"] == "DeviceClass"]
+    keyed = by_key(render("dra.enabled=true", "dra.largestGpuMemory=80Gi", namespace="gpu-system"))
+    assert keyed[("ConfigMap", "gpu-system", "gpushare-dra-limits")]["data"] == {"largestGpuMemory": "80Gi"}
+    binding = keyed[("ValidatingAdmissionPolicyBinding", "", "gpushare-dra-claim-memory")]
+    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    policy = json.dumps(keyed[("ValidatingAdmissionPolicy", "", "gpushare-dra-claim-memory")])
+    assert "ConfigMap gpu-system/gpushare-dra-limits" in policy and "kube-system" not in policy
 
 
 def notes(tmp_path: Path, *sets: str) -> str:
