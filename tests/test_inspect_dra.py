@@ -35,9 +35,9 @@ def test_each_gpu_lists_its_claims_and_its_total_allocated_and_free() -> None:
         ("infer", ["infer-0"], 1 * GiB, 35, False),  # what the scheduler consumed, not the 1000Mi / 33 asked
         ("shared", ["shared-a", "shared-b"], 2 * GiB, 10, False),  # one claim, two pods: counted once
         ("train", ["train-0"], 4 * GiB, 30, False)]
-    assert [c.shareID for c in gpu0.claims] == ["2272913e-b4a3-48a5-a95e-ee9ae6b7f884",
-                                                "7b5abc96-f00e-4811-ba31-4d3b131c441b",
-                                                "43f4fa97-4962-420f-bf81-61889bfc5f4b"]
+    assert [c.shareID for c in gpu0.claims] == ["1022b47e-e72d-4826-85c8-827cb3d722e0",
+                                                "7a831877-465f-4d77-bd1d-71a677ab61de",
+                                                "b2901513-53bc-41b0-8228-ee919a890b75"]
     assert (gpu0.memTotal, gpu0.memAllocated, gpu0.memFree) == (15 * GiB, 7 * GiB, 8 * GiB)
     assert (gpu0.coreTotal, gpu0.coreAllocated, gpu0.coreFree, gpu0.whole) == (100, 75, 25, False)
     assert gpu1.claims == [ClaimOnGpu("default", "exclusive", "gpu", ["exclusive-0"], 15 * GiB, 100, "", True)]
@@ -59,9 +59,9 @@ DRA (gpu.gpushare.io)
 node-a
   GPU  MEMORY(GiB)  FREE  CORE(%)  FREE  CLAIMS
   0    7/15         8     75/100   25    3
-       default/infer (gpu)  infer-0  1 GiB  35 %  share 2272913e
-       default/shared (gpu)  shared-a,shared-b  2 GiB  10 %  share 7b5abc96
-       default/train (gpu)  train-0  4 GiB  30 %  share 43f4fa97
+       default/infer (gpu)  infer-0  1 GiB  35 %  share 1022b47e
+       default/shared (gpu)  shared-a,shared-b  2 GiB  10 %  share 7a831877
+       default/train (gpu)  train-0  4 GiB  30 %  share b2901513
   1    15/15        0     whole    0     1
        default/exclusive (gpu)  exclusive-0  whole GPU
   all  22/30 (73%)  8     175/200  25    4
@@ -99,7 +99,7 @@ def test_json_carries_every_figure() -> None:
     out = json.loads(json.dumps(report().to_json()))
     claim = out["nodes"][0]["gpus"][0]["claims"][1]
     assert claim == {"namespace": "default", "name": "shared", "request": "gpu", "pods": ["shared-a", "shared-b"],
-                     "memory": 2 * GiB, "cores": 10, "shareID": "7b5abc96-f00e-4811-ba31-4d3b131c441b",
+                     "memory": 2 * GiB, "cores": 10, "shareID": "7a831877-465f-4d77-bd1d-71a677ab61de",
                      "whole": False}
     assert {k: out["nodes"][0]["gpus"][0][k] for k in ("memTotal", "memAllocated", "memFree", "coreTotal",
                                                        "coreAllocated", "coreFree")} == {
