@@ -7,32 +7,25 @@ claim is unprepared, deallocated and deleted."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from tests.realk8s.dra_cluster import DRIVER, MODE_DRA, MODE_LABEL, DraCluster, cdi_specs
+from tests.realk8s.cluster import node_gpus
+from tests.realk8s.dra_cluster import DRIVER, MODE_DRA, MODE_LABEL, SHARE_CLASS, DraCluster
 
 pytestmark = pytest.mark.realk8s
 
-GIB = 1024**3
-CLASS = "test-share.gpushare.io"
-
-
-@pytest.fixture(scope="module")
-def device_class(dra_cluster: DraCluster) -> str:
-    """A DeviceClass of the driver's devices (the shipped ones are checked elsewhere)."""
-    dra_cluster.create_resource("deviceclasses", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
-    return CLASS
+MIB = 1 << 20
+CDI_KIND = "gpushare.io/gpu"
 
 
 def claim_template(name: str, memory: str, cores: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": CLASS, "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}}}
+                "deviceClassName": SHARE_CLASS, "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}}}
 
 
 def pod_with_claim(name: str, template: str) -> dict[str, Any]:
@@ -42,64 +35,110 @@ def pod_with_claim(name: str, template: str) -> dict[str, Any]:
                      "containers": [{"name": "c0", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
-def test_template_claim_allocated_prepared_injected_then_freed(dra_cluster: DraCluster, dra_ns: str,
-                                                               device_class: str) -> None:
-    c = dra_cluster
-    c.create_resource("resourceclaimtemplates", claim_template("share", "2Gi", "30"), dra_ns)
-    c.core.create_namespaced_pod(dra_ns, pod_with_claim("p", "share"))
-
+def running_pod(c: DraCluster, ns: str, name: str) -> k8s.V1Pod:
     def running() -> k8s.V1Pod | None:
-        p = c.core.read_namespaced_pod("p", dra_ns)
+        p = c.core.read_namespaced_pod(name, ns)
         assert p.status.phase != "Failed", (p.status.reason, p.status.message)
         return p if p.status.phase == "Running" else None
 
-    pod = c.wait(running, "pod p Running")
+    pod: k8s.V1Pod = c.wait(running, f"pod {name} Running")
+    return pod
+
+
+def gone(read: Callable[[], Any]) -> bool:
+    try:
+        read()
+    except k8s.ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+def test_template_claim_allocated_prepared_injected_then_freed(dra_cluster: DraCluster, dra_ns: str) -> None:
+    c = dra_cluster
+    c.create_resource("resourceclaimtemplates", claim_template("share", "2Gi", "30"), dra_ns)
+    c.core.create_namespaced_pod(dra_ns, pod_with_claim("p", "share"))
+    pod = running_pod(c, dra_ns, "p")
     uid, node = pod.metadata.uid, c.node(pod.spec.node_name)
 
-    # kube-controller-manager generated the claim from the template; kube-scheduler allocated a share of one device
+    # kube-controller-manager generated the claim from the template; kube-scheduler allocated a share of one GPU
     statuses = pod.status.resource_claim_statuses or []
     assert [s.name for s in statuses] == ["gpu"] and statuses[0].resource_claim_name
     claim = c.resource("resourceclaims", dra_ns, statuses[0].resource_claim_name)
+    claim_uid = claim["metadata"]["uid"]
     assert claim["metadata"]["ownerReferences"][0]["uid"] == uid
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result["driver"] == DRIVER and result["pool"] == node.name and result["request"] == "gpu"
     assert result["consumedCapacity"] == {"memory": "2Gi", "cores": "30"}
     assert result["shareID"]
     assert [r["uid"] for r in claim["status"]["reservedFor"]] == [uid]
+    index = int(result["device"].removeprefix("gpu-"))
+    gpu = node_gpus(node.name, c.spec.gpus, c.spec.gpu_mib)[index]
 
-    # the node's DRA manager prepared it through the plugin and holds it for the pod
+    # the node's DRA manager prepared it through `devplugin dra` and holds it for the pod
     (held,) = node.claims()
-    assert held["uid"] == claim["metadata"]["uid"] and held["podUIDs"] == [uid]
+    assert held["uid"] == claim_uid and held["podUIDs"] == [uid]
     (dev,) = held["devices"]
     assert (dev["driver"], dev["pool"], dev["device"], dev["shareID"]) == (
         DRIVER, node.name, result["device"], result["shareID"])
-    assert dev["requestNames"] == ["gpu"] and len(dev["cdiDeviceIDs"]) == 1
+    assert dev["requestNames"] == ["gpu"] and dev["cdiDeviceIDs"] == [f"{CDI_KIND}={claim_uid}-0"]
 
-    # the container got those CDI devices, resolved from the spec the plugin wrote: its env and mounts
+    # the container got that CDI device, resolved from the spec the plugin wrote: its env and the shim's mounts
     (bpod,) = [p for p in node.books()["pods"] if p["uid"] == uid]
     assert bpod["phase"] == "Running"
     (ctr,) = bpod["containers"]
     assert ctr["cdi"]["cdiDevices"] == dev["cdiDeviceIDs"]
-    assert len(ctr["cdi"]["injected"]["specs"]) == 1
-    want_env = {"GPUSHARE_DRA_DEVICE": result["device"], "GPUSHARE_DRA_SHARE_ID": result["shareID"],
-                "GPUSHARE_DRA_MEMORY": str(2 * GIB), "GPUSHARE_DRA_CORES": "30",
-                "GPUSHARE_DRA_CLAIM": f"{dra_ns}/{claim['metadata']['name']}"}
-    assert ctr["cdi"]["injected"]["env"] == want_env
-    assert {k: ctr["envs"][k] for k in want_env} == want_env
-    (mount,) = ctr["cdi"]["injected"]["mounts"]
-    assert mount["containerPath"] == "/etc/gpushare-dra/0"
-    assert open(mount["hostPath"]).read() == result["device"] + "\n"
+    assert ctr["cdi"]["injected"]["specs"] == [str(node.cdi_dir / f"gpushare.io-gpu_{claim_uid}.json")]
+    env = ctr["cdi"]["injected"]["env"]
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["ALIYUN_COM_GPU_MEM_IDX"]) == (gpu.uuid, str(index))
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == (f"{2048}m", "30")
+    assert {k: ctr["envs"][k] for k in env} == env  # what the container's environment holds
+    mounts = {m["containerPath"]: m["hostPath"] for m in ctr["cdi"]["injected"]["mounts"]}
+    limits = mounts["/etc/gpushare/limits"]
+    assert f"claim-{claim_uid}-0" in limits and open(limits).read()
 
     # the pod goes: the agent unprepares (the spec is gone), KCM deallocates and deletes the generated claim
     c.core.delete_namespaced_pod("p", dra_ns)
     c.wait(lambda: not node.claims(), "the claim unprepared on the node")
-    assert not any(claim["metadata"]["uid"] in str(s) for s in cdi_specs(node))
+    assert not (node.cdi_dir / f"gpushare.io-gpu_{claim_uid}.json").exists()
+    c.wait(lambda: gone(lambda: c.resource("resourceclaims", dra_ns, claim["metadata"]["name"])),
+           "the generated claim deleted")
 
-    def claim_gone() -> bool:
-        try:
-            c.resource("resourceclaims", dra_ns, claim["metadata"]["name"])
-        except k8s.ApiException as exc:
-            return exc.status == 404
-        return False
 
-    c.wait(claim_gone, "the generated claim deleted")
+def test_claim_of_an_unregistered_driver_fails_the_pod_with_the_kubelets_message(dra_cluster: DraCluster,
+                                                                                  dra_ns: str) -> None:
+    """A claim allocated on a node where its driver never registered: the DRA manager's PrepareResources fails,
+    and the pod fails with the kubelet's reason and message; the claim is then freed."""
+    c = dra_cluster
+    node = c.nodes[0]
+    absent = f"absent-{dra_ns}.gpushare.io"
+    selector = {"cel": {"expression": f'device.driver == "{absent}"'}}
+    c.create_resource("deviceclasses", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                        "metadata": {"name": absent}, "spec": {"selectors": [selector]}})
+    c.create_resource("resourceslices", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node.name}-{absent}"},
+        "spec": {"driver": absent, "nodeName": node.name,
+                 "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "dev-0"}]}})
+    try:
+        c.create_resource("resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "orphan"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": absent}}]}}}, dra_ns)
+        body = pod_with_claim("orphan", "unused")
+        body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "orphan"}]
+        c.core.create_namespaced_pod(dra_ns, body)
+
+        def failed() -> k8s.V1Pod | None:
+            p = c.core.read_namespaced_pod("orphan", dra_ns)
+            return p if p.status.phase == "Failed" else None
+
+        pod = c.wait(failed, "pod orphan Failed")
+        assert pod.spec.node_name == node.name and pod.status.reason == "FailedPrepareDynamicResources"
+        assert pod.status.message.startswith("Failed to prepare dynamic resources: ")
+        assert absent in pod.status.message and "not registered" in pod.status.message, pod.status.message
+        assert not node.claims()
+        # the pod is done: kube-controller-manager drops its reservation and the allocation
+        c.wait(lambda: not c.resource("resourceclaims", dra_ns, "orphan")["status"].get("allocation"),
+               "the claim deallocated")
+    finally:
+        c.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", f"{node.name}-{absent}")
+        c.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", absent)

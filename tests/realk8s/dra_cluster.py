@@ -2,7 +2,8 @@
 
 What runs (each a local process in its own process group, logs under the cluster's directory):
 - etcd and kube-apiserver 1.36 (`--authorization-mode=Node,RBAC`, the feature gates as 1.36 ships them: DRA on,
-  consumable capacity beta and on), as in tests/realk8s/cluster.py;
+  consumable capacity beta and on), as in tests/realk8s/cluster.py, with the shipped DeviceClasses
+  (deploy/components/dra/deviceclasses.yaml);
 - kube-controller-manager with only the controllers DRA needs: `resourceclaim-controller` (creates a pod's
   ResourceClaims from its templates, drops a claim's reservation and allocation when its pods are done) and
   `garbage-collector-controller` (deletes a generated claim once its pod is gone), with its own client
@@ -12,8 +13,10 @@ What runs (each a local process in its own process group, logs under the cluster
   ResourceSlices: structured parameters, consumable capacity);
 - N nodes, labelled `gpushare.io/allocation=dra`, each a node agent (`e2e/bin/nodeagent`: the kubelet's DRA
   manager and plugin watcher, node identity `system:node:<name>`) with its plugins-registry and CDI directories,
-  and a DRA kubelet plugin serving driver gpu.gpushare.io on them: e2e/bin/stubdra (built on Kubernetes'
-  kubeletplugin helper), which publishes the node's ResourceSlice with the admin's kubeconfig.
+  and a DRA kubelet plugin serving driver gpu.gpushare.io on them: `devplugin dra` on the fake driver (2 x 16 GiB
+  GPUs by default) with the shim delivered (build/shim/libgpushare.so), or with `plugin="stub"`
+  e2e/bin/stubdra (Kubernetes' kubeletplugin helper). Either publishes the node's ResourceSlices with the
+  admin's kubeconfig.
 
 The node agents finalize the pods that end (the kubelet's job) and unprepare their claims through the plugin.
 """
@@ -24,6 +27,7 @@ import json
 import os
 import shutil
 import ssl
+import sys
 import tempfile
 import time
 import urllib.request
@@ -34,18 +38,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from devplugin_sim.fake_driver import FakeDriver
 from tests.realk8s import kubeconfigs
 from tests.realk8s.agent import NodeAgent
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
+from tests.realk8s.cluster import node_gpus
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
 BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "stubdra")
+REPO = Path(__file__).resolve().parents[2]
+SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"  # `make native`
+DEVICE_CLASSES = REPO / "deploy" / "components" / "dra" / "deviceclasses.yaml"
+SHARE_CLASS, WHOLE_CLASS = "gpu.gpushare.io", "whole.gpu.gpushare.io"
 DRIVER = "gpu.gpushare.io"
 MODE_LABEL = "gpushare.io/allocation"  # a node runs the device-plugin mode or the DRA mode, never both
 MODE_DRA = "dra"
@@ -55,11 +66,13 @@ KCM_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
 
 @dataclass(frozen=True)
 class DraSpec:
-    """What to bring up: `gpus` devices of `gpu_memory` per node, published by the plugin."""
+    """What to bring up: `gpus` GPUs of `gpu_mib` per node, served by `devplugin dra` ("devplugin") or by
+    e2e/bin/stubdra ("stub")."""
 
     nodes: int = 2
     gpus: int = 2
-    gpu_memory: str = "16Gi"
+    gpu_mib: int = 16 * 1024
+    plugin: str = "devplugin"
 
 
 def missing_binaries() -> list[str]:
@@ -82,6 +95,7 @@ class DraNode:
     root: Path
     agent: NodeAgent
     plugin: Proc
+    driver: FakeDriver | None = None  # the fake NVIDIA driver `devplugin dra` reads
 
     @property
     def registry_dir(self) -> Path:
@@ -135,6 +149,8 @@ class DraCluster:
         self._start_apiserver(pki, sa, etcd_url)
         for ns in ("default", "kube-system"):  # the service-account controller's job (not run)
             self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):  # the shipped DeviceClasses
+            self.create_resource("deviceclasses", doc)
         self._start_controller_manager(pki, sa)
         self._start_scheduler(pki)
         self._start_nodes(pki)
@@ -204,12 +220,24 @@ class DraCluster:
                               extra_args=["--plugins-registry-dir", str(root / "plugins_registry"),
                                           "--cdi-dir", str(root / "cdi"), "--status-period", "10s"],
                               binary_dir=BIN)
-            plugin = self._proc(f"{name}-plugin", [
-                str(BIN / "stubdra"), "--node-name", name, "--kubeconfig", str(self.admin),
-                "--plugins-registry-dir", str(root / "plugins_registry"), "--plugin-dir", str(root / "plugin"),
-                "--cdi-dir", str(root / "cdi"), "--gpus", str(self.spec.gpus),
-                "--gpu-memory", self.spec.gpu_memory])
-            self.nodes.append(DraNode(name, root, agent, plugin))
+            driver = None
+            if self.spec.plugin == "stub":
+                plugin = self._proc(f"{name}-plugin", [
+                    str(BIN / "stubdra"), "--node-name", name, "--kubeconfig", str(self.admin),
+                    "--plugins-registry-dir", str(root / "plugins_registry"), "--plugin-dir", str(root / "plugin"),
+                    "--cdi-dir", str(root / "cdi"), "--gpus", str(self.spec.gpus),
+                    "--gpu-memory", f"{self.spec.gpu_mib}Mi"])
+            else:
+                driver = FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib))
+                plugin = Proc(f"{name}-plugin", [
+                    sys.executable, "-m", "devplugin", "dra", "--node-name", name, "--kubeconfig", str(self.admin),
+                    "--plugins-registry-dir", str(root / "plugins_registry"), "--plugin-dir", str(root / "plugin"),
+                    "--cdi-dir", str(root / "cdi"), "--shim", "on", "--shim-lib", str(SHIM_LIB),
+                    "--shim-state-dir", str(root / "shim"), "--state-dir", str(root / "state"),
+                    "--health-port", "0"], self.root / "logs" / f"{name}-plugin.log",
+                    env={**os.environ, **driver.env()})
+                self.procs[plugin.name] = plugin
+            self.nodes.append(DraNode(name, root, agent, plugin, driver))
         for node in self.nodes:
             node.agent.start(timeout=60)
         for node in self.nodes:
@@ -345,7 +373,8 @@ def running_dra(spec: DraSpec | None = None) -> Iterator[DraCluster]:
 
 @pytest.fixture(scope="session")
 def dra_cluster() -> Iterator[DraCluster]:
-    """The session's DRA cluster: 2 nodes x 2 devices x 16 GiB, kube-controller-manager, kube-scheduler."""
+    """The session's DRA cluster: 2 nodes x 2 GPUs x 16 GiB served by `devplugin dra`, kube-controller-manager,
+    kube-scheduler."""
     with running_dra() as cluster:
         yield cluster
 
