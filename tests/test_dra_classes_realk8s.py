@@ -1,0 +1,128 @@
+"""The shipped DeviceClasses and example claims (deploy/components/dra, deploy/examples/dra) on the real
+kube-apiserver and kube-scheduler (1.36, e2e/bin) against the slices `devplugin dra` publishes
+(devplugin/dra/slices.py; one node, three 80 GiB GPUs), with the claim policies installed: each example's pod is
+scheduled and its claim gets what the example says: a 4 GiB / 30 % share of GPU 0 (first fit), a whole GPU, one
+6 GiB / 50 % allocation for two containers, shares on two different GPUs, the share choice of a firstAvailable
+request. The examples' templates become claims here as kube-controller-manager's resourceclaim controller would
+make them (the spec copied, named after the pod); each example starts on free GPUs."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devplugin.dra.publisher import SlicePublisher
+from devplugin.dra.slices import build_slices
+from devplugin.gpu.facts import GpuFacts
+from devplugin.gpu.inventory import GPU
+from tests.dra.realk8s_dra import DraCluster, add_node, dra_cluster, wait_for
+
+pytestmark = pytest.mark.realk8s
+REPO = Path(__file__).resolve().parents[1]
+KUBECTL = REPO / ".venv" / "bin" / "kubectl"
+EXAMPLES = REPO / "deploy" / "examples" / "dra"
+COMPONENT = REPO / "deploy" / "components" / "dra"
+NODE = "gpu-node"
+GiB = 1 << 30
+
+
+def _gpus() -> list[GPU]:
+    return [GPU(index=i, uuid=f"GPU-{NODE}-{i}", name="NVIDIA A100-SXM4-80GB", memory_bytes=80 * GiB, minor=i,
+                pci_bus_id=f"00000000:{0x10 + i:02X}:00.0", numa_node=0) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[DraCluster]:
+    root = Path(tempfile.mkdtemp(prefix="dra-cls-"))
+    with dra_cluster(root) as dc:
+        for doc in yaml.safe_load_all((COMPONENT / "deviceclasses.yaml").read_text()):
+            dc.resource.patch_device_class(doc["metadata"]["name"], {"spec": doc["spec"]})  # the shipped selectors
+        subprocess.run([str(KUBECTL), "--kubeconfig", str(dc.api.kubeconfig), "apply", "-f",
+                        str(COMPONENT / "claim-policies.yaml")], check=True, capture_output=True, timeout=60)
+        add_node(dc, NODE)
+        pub = SlicePublisher(dc.client, NODE, lambda gen: build_slices(NODE, _gpus(), GpuFacts({}, "550.54.15"), {},
+                                                                       gen))
+        assert pub.sync(), pub.last_error
+        yield dc
+
+
+def _run_example(dc: DraCluster, ns: str, file: str) -> tuple[dict, dict[str, dict]]:
+    """Create the example's objects in `ns` (a Deployment as one of its pods, templates as the controller's
+    claims); returns (the pod once bound, its claims by the pod's claim name)."""
+    dc.core.create_namespace({"metadata": {"name": ns}})
+    dc.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / file).read_text()) if d]
+    templates = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ResourceClaimTemplate"}
+    for d in docs:
+        if d["kind"] == "ResourceClaim":
+            dc.resource.create_namespaced_resource_claim(ns, d)
+    (workload,) = [d for d in docs if d["kind"] in ("Pod", "Deployment")]
+    if workload["kind"] == "Deployment":
+        template = workload["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{workload['metadata']['name']}-0",
+                                                               "labels": template["metadata"]["labels"]},
+               "spec": copy.deepcopy(template["spec"])}
+    else:
+        pod = copy.deepcopy(workload)
+    name = pod["metadata"]["name"]
+    for ref in pod["spec"]["resourceClaims"]:
+        if "resourceClaimTemplateName" in ref:  # what the resourceclaim controller does
+            claim_name = f"{name}-{ref['name']}"
+            dc.resource.create_namespaced_resource_claim(ns, {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": claim_name, "namespace": ns},
+                "spec": templates[ref.pop("resourceClaimTemplateName")]["spec"]["spec"]})
+            ref["resourceClaimName"] = claim_name
+    dc.core.create_namespaced_pod(ns, pod)
+    bound = wait_for(lambda: dc.pod(ns, name)["spec"].get("nodeName"), f"{file}: pod {name} bound")
+    assert bound == NODE
+    claims = {ref["name"]: dc.claim(ns, ref["resourceClaimName"]) for ref in pod["spec"]["resourceClaims"]}
+    for c in claims.values():
+        dc.resource.replace_namespaced_resource_claim_status(c["metadata"]["name"], ns, {**c, "status": {}})
+    return dc.pod(ns, name), claims  # claims as allocated; freed again for the next example
+
+
+def _results(claim: dict) -> list[dict[str, Any]]:
+    return [{k: r.get(k) for k in ("request", "device", "consumedCapacity")}
+            for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def test_a_share_of_4gi_and_30_percent_takes_gpu_0_first(cluster: DraCluster) -> None:
+    _, claims = _run_example(cluster, "share", "share-4gi-30.yaml")
+    assert _results(claims["gpu"]) == [{"request": "gpu", "device": "gpu-0",
+                                        "consumedCapacity": {"memory": "4Gi", "cores": "30"}}]
+
+
+def test_a_whole_gpu_takes_an_exclusive_device(cluster: DraCluster) -> None:
+    _, claims = _run_example(cluster, "whole", "whole-gpu.yaml")
+    ((result,),) = [claims["gpu"]["status"]["allocation"]["devices"]["results"]]
+    assert result["device"] == "gpu-0-whole" and "shareID" not in result and "consumedCapacity" not in result
+
+
+def test_one_claim_two_containers_one_allocation(cluster: DraCluster) -> None:
+    pod, claims = _run_example(cluster, "two-containers", "shared-by-two-containers.yaml")
+    assert [c["resources"]["claims"] for c in pod["spec"]["containers"]] == [[{"name": "gpu"}], [{"name": "gpu"}]]
+    assert _results(claims["gpu"]) == [{"request": "gpu", "device": "gpu-0",
+                                        "consumedCapacity": {"memory": "6Gi", "cores": "50"}}]
+    assert [r["name"] for r in claims["gpu"]["status"]["reservedFor"]] == ["two-containers-one-share"]
+
+
+def test_two_requests_with_distinct_uuids_land_on_two_gpus(cluster: DraCluster) -> None:
+    _, claims = _run_example(cluster, "two-gpus", "two-gpus.yaml")
+    assert _results(claims["gpus"]) == [
+        {"request": "train", "device": "gpu-0", "consumedCapacity": {"memory": "8Gi", "cores": "50"}},
+        {"request": "infer", "device": "gpu-1", "consumedCapacity": {"memory": "4Gi", "cores": "30"}}]
+
+
+def test_a_deployment_replica_takes_the_share_of_its_first_available_choice(cluster: DraCluster) -> None:
+    _, claims = _run_example(cluster, "deployment", "deployment.yaml")
+    assert _results(claims["gpu"]) == [{"request": "gpu/share", "device": "gpu-0",
+                                        "consumedCapacity": {"memory": "2Gi", "cores": "20"}}]
+
