@@ -3,7 +3,8 @@ kube-apiserver and kube-scheduler (1.36, e2e/bin) against the slices `devplugin 
 (devplugin/dra/slices.py; one node, three 80 GiB GPUs), with the claim policies installed: each example's pod is
 scheduled and its claim gets what the example says: a 4 GiB / 30 % share of GPU 0 (first fit), a whole GPU, one
 6 GiB / 50 % allocation for two containers, shares on two different GPUs, the share choice of a firstAvailable
-request. The examples' templates become claims here as kube-controller-manager's resourceclaim controller would
+request; and what docs/dra.md says of count and of two claims (count 2: two GPUs; two claims: maybe one GPU).
+The examples' templates become claims here as kube-controller-manager's resourceclaim controller would
 make them (the spec copied, named after the pod); each example starts on free GPUs."""
 
 from __future__ import annotations
@@ -126,3 +127,44 @@ def test_a_deployment_replica_takes_the_share_of_its_first_available_choice(clus
     assert _results(claims["gpu"]) == [{"request": "gpu/share", "device": "gpu-0",
                                         "consumedCapacity": {"memory": "2Gi", "cores": "20"}}]
 
+
+
+
+def _share(name: str, memory: str, cores: str, count: int = 1) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.gpushare.io", "count": count,
+                "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}}
+
+
+def _pod_with(dc: DraCluster, ns: str, claims: list[dict]) -> list[dict]:
+    """The claims and a pod using them in a new namespace `ns`; the claims as allocated once the pod is bound,
+    then freed for the next test."""
+    dc.core.create_namespace({"metadata": {"name": ns}})
+    dc.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    for c in claims:
+        dc.resource.create_namespaced_resource_claim(ns, c)
+    refs = [{"name": f"c{i}", "resourceClaimName": c["metadata"]["name"]} for i, c in enumerate(claims)]
+    dc.core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "main"}, "spec": {
+        "resourceClaims": refs, "containers": [{"name": "main", "image": "busybox",
+                                                "resources": {"claims": [{"name": r["name"]} for r in refs]}}]}})
+    wait_for(lambda: dc.pod(ns, "main")["spec"].get("nodeName"), f"{ns}: pod bound")
+    out = [dc.claim(ns, c["metadata"]["name"]) for c in claims]
+    for c in out:
+        dc.resource.replace_namespaced_resource_claim_status(c["metadata"]["name"], ns, {**c, "status": {}})
+    return out
+
+
+def _devices(claim: dict) -> list[str]:
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def test_count_2_gives_two_shares_on_two_gpus(cluster: DraCluster) -> None:
+    (claim,) = _pod_with(cluster, "count", [_share("two", "2Gi", "20", count=2)])
+    assert _devices(claim) == ["gpu-0", "gpu-1"]
+
+
+def test_two_claims_of_one_pod_may_share_one_gpu(cluster: DraCluster) -> None:
+    """Why two-gpus.yaml uses one claim with a constraint: constraints do not reach across claims."""
+    first, second = _pod_with(cluster, "two-claims", [_share("a", "2Gi", "20"), _share("b", "2Gi", "20")])
+    assert _devices(first) == _devices(second) == ["gpu-0"]
