@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from devplugin.isolation.shim_files import Owner, ShimPaths, container_dir, prep
 
 log = logging.getLogger(__name__)
 
+MAX_PARALLEL_READS = 8
 ReadClaim = Callable[[str, str], object]  # (namespace, name) -> the ResourceClaim as JSON; raises on failure
 
 
@@ -75,28 +77,64 @@ class Preparer:
     # ---- prepare --------------------------------------------------------------------------------------------
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """Every claim of one NodePrepareResources call, by UID."""
+        """Every claim of one NodePrepareResources call, by UID. The checkpoint is written once per call, after
+        the claims' files: a claim is answered as prepared only once the checkpoint holds it."""
         out: dict[str, Outcome] = {}
         fresh = [r for r in refs if r.uid not in self.prepared]
-        claims: dict[str, object] = {}
-        for ref in fresh:
-            try:
-                claims[ref.uid] = self.read_claim(ref.namespace, ref.name)
-            except Exception as exc:  # noqa: BLE001 - any failure of the read is this claim's error
-                claims[ref.uid] = exc
+        if len(fresh) > 1:  # a pod's claims are read together: one round trip's time, not one per claim
+            with ThreadPoolExecutor(max_workers=min(len(fresh), MAX_PARALLEL_READS)) as pool:
+                claims = dict(zip([r.uid for r in fresh], pool.map(self._read, fresh), strict=True))
+        else:
+            claims = {r.uid: self._read(r) for r in fresh}
         conflicts = self.conflicts.check(fresh, claims, self.prepared) if self.conflicts is not None else {}
+        new: dict[str, tuple[ClaimRef, PreparedClaim, float]] = {}
         for ref in refs:
             start = time.monotonic()
-            outcome = self._prepare_one(ref, claims.get(ref.uid), conflicts.get(ref.uid, ""))
-            self.observe("prepare", time.monotonic() - start, not outcome.error)
+            outcome, prepared = self._prepare_one(ref, claims.get(ref.uid), conflicts.get(ref.uid, ""))
+            if prepared is not None:
+                new[ref.uid] = (ref, prepared, start)
+            else:
+                self.observe("prepare", time.monotonic() - start, not outcome.error)
             out[ref.uid] = outcome
+        if new:
+            self._commit(new, out)
         return out
 
-    def _prepare_one(self, ref: ClaimRef, claim: object, conflict: str) -> Outcome:
-        fields = {"node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}
+    def _read(self, ref: ClaimRef) -> object:
+        """The claim, or the exception that reading it raised (it becomes this claim's error)."""
+        try:
+            return self.read_claim(ref.namespace, ref.name)
+        except Exception as exc:  # noqa: BLE001 - any failure of the read is this claim's error
+            return exc
+
+    def _commit(self, new: dict[str, tuple[ClaimRef, PreparedClaim, float]], out: dict[str, Outcome]) -> None:
+        try:
+            with self._lock:
+                self.prepared.update({uid: p for uid, (_, p, _) in new.items()})
+                self._save()
+        except OSError as exc:
+            with self._lock:
+                for uid in new:
+                    self.prepared.pop(uid, None)
+            for uid, (ref, _, start) in new.items():
+                out[uid] = Outcome(error=f"claim {ref}: cannot write the checkpoint {self.checkpoint_path}: {exc}")
+                self.observe("prepare", time.monotonic() - start, False)
+            log.error("cannot write the checkpoint %s: %s", self.checkpoint_path, exc,
+                      extra={"fields": {"node": self.node}})
+            return
+        for uid, (ref, prepared, start) in new.items():
+            out[uid] = Outcome(prepared.devices)
+            self.observe("prepare", time.monotonic() - start, True)
+            log.info("prepared claim %s: %s", ref, ", ".join(f"{d.device} (share {d.share_id or 'whole'})"
+                                                             for d in prepared.devices),
+                     extra={"fields": {"node": self.node, "namespace": ref.namespace, "claim": ref.name,
+                                       "claim_uid": ref.uid}})
+
+    def _prepare_one(self, ref: ClaimRef, claim: object, conflict: str) -> tuple[Outcome, PreparedClaim | None]:
+        """(the answer, the claim to add to the checkpoint: None when it is there already or failed)."""
         done = self.prepared.get(ref.uid)
         if done is not None:
-            return Outcome(done.devices)
+            return Outcome(done.devices), None
         try:
             cdi.check_uid(ref.uid)
             why_not = self.serving()
@@ -107,16 +145,11 @@ class Preparer:
                                  f"{getattr(claim, 'reason', None) or claim}")
             if conflict:
                 raise ClaimError(conflict)
-            prepared = self._write(ref, claim)
-            with self._lock:
-                self.prepared[ref.uid] = prepared
-                self._save()
+            return Outcome(), self._write(ref, claim)
         except (ClaimError, ValueError, OSError) as exc:
-            log.warning("cannot prepare: %s", exc, extra={"fields": fields})
-            return Outcome(error=str(exc))
-        log.info("prepared claim %s: %s", ref, ", ".join(f"{d.device} (share {d.share_id or 'whole'})"
-                                                         for d in prepared.devices), extra={"fields": fields})
-        return Outcome(prepared.devices)
+            log.warning("cannot prepare: %s", exc, extra={"fields": {
+                "node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}})
+            return Outcome(error=str(exc)), None
 
     def _write(self, ref: ClaimRef, claim: object) -> PreparedClaim:
         """One CDI device (and one shim directory) per request of the claim: a container that names a request gets
@@ -151,16 +184,31 @@ class Preparer:
     # ---- unprepare ------------------------------------------------------------------------------------------
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
-        """Every claim of one NodeUnprepareResources call: UID -> error ("" when done)."""
-        out = {}
+        """Every claim of one NodeUnprepareResources call: UID -> error ("" when done). Files first, then the
+        checkpoint once: a claim killed half-way is unprepared again, never forgotten with its files left."""
+        out, starts = {}, {}
         for ref in refs:
-            start = time.monotonic()
-            out[ref.uid] = self._unprepare_one(ref)
-            self.observe("unprepare", time.monotonic() - start, not out[ref.uid])
+            starts[ref.uid] = time.monotonic()
+            out[ref.uid] = self._remove_files(ref)
+        done = [r for r in refs if not out[r.uid] and r.uid in self.prepared]
+        if done:
+            try:
+                with self._lock:
+                    for ref in done:
+                        self.prepared.pop(ref.uid, None)
+                    self._save()
+            except OSError as exc:
+                for ref in done:
+                    out[ref.uid] = f"claim {ref}: cannot write the checkpoint {self.checkpoint_path}: {exc}"
+            for ref in done:
+                if not out[ref.uid]:
+                    log.info("unprepared claim %s", ref, extra={"fields": {
+                        "node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}})
+        for ref in refs:
+            self.observe("unprepare", time.monotonic() - starts[ref.uid], not out[ref.uid])
         return out
 
-    def _unprepare_one(self, ref: ClaimRef) -> str:
-        fields = {"node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}
+    def _remove_files(self, ref: ClaimRef) -> str:
         try:
             cdi.remove_spec(cdi.spec_path(self.cdi_dir, ref.uid))
             if self.shim is not None:
@@ -170,15 +218,10 @@ class Preparer:
                         cdir.unlink()
                     else:
                         shutil.rmtree(cdir)
-            with self._lock:
-                known = self.prepared.pop(ref.uid, None)
-                if known is not None:
-                    self._save()
         except (ValueError, OSError) as exc:
-            log.warning("cannot unprepare claim %s: %s", ref, exc, extra={"fields": fields})
+            log.warning("cannot unprepare claim %s: %s", ref, exc, extra={"fields": {
+                "node": self.node, "namespace": ref.namespace, "claim": ref.name, "claim_uid": ref.uid}})
             return f"claim {ref}: cannot unprepare: {exc}"
-        if known is not None:
-            log.info("unprepared claim %s", ref, extra={"fields": fields})
         return ""
 
     def _save(self) -> None:
