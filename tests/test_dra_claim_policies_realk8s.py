@@ -318,3 +318,19 @@ def test_the_model_is_the_rounding_the_scheduler_would_do() -> None:
         m, c = parse_quantity(memory), parse_quantity(cores)
         same = round_up(m, 256 * MIB, 256 * MIB) == m and round_up(c, 5, 5) == c
         assert same == _takes_as_asked(memory, cores), (memory, cores)
+
+
+def test_a_claim_at_the_apis_size_limits_is_judged_not_failed_by_the_cel_cost_limit(api: Api) -> None:
+    """32 requests of 8 firstAvailable subrequests each (the API's maxima): the policies still decide within the
+    apiserver's CEL cost budget, and the message names three requests and counts the rest (an evaluated message
+    above 5 KiB would be replaced by the bare expression)."""
+    def many(cores: str) -> list[dict]:
+        return [{"name": f"r{i}", "firstAvailable": [_sub(f"s{j}", SHARE, {"memory": "1Gi", "cores": cores})
+                                                     for j in range(8)]} for i in range(32)]
+    for resource in KINDS:
+        assert api.create(resource, _body(resource, many("30"))) == (201, "")
+        code, message = api.create(resource, _body(resource, many("33")))
+        assert (code, message) == (422, "gpushare: request r0/s0 asks cores 33; request r0/s1 asks cores 33; request "
+                                         "r0/s2 asks cores 33; and 253 more; cores is the percent of one GPU's "
+                                         "compute, a multiple of 5 from 5 to 100 (e.g. \"30\"): ask that (for more "
+                                         "than one GPU, ask count or several requests)")
