@@ -37,6 +37,17 @@ def _content(objs: list[dict[str, object]]) -> str:
     return json.dumps(plain, sort_keys=True)
 
 
+def _why(exc: BaseException) -> str:
+    """The apiserver's own message (an admission policy's, a validation error) when it gave one."""
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message", "")
+        except (ValueError, AttributeError):
+            message = ""
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return str(exc)
+
+
 class SlicePublisher:
     """See the module docstring. `desired(generation)` builds the slices (slices.build_slices)."""
 
@@ -72,7 +83,7 @@ class SlicePublisher:
             try:
                 return self._sync()
             except (ApiException, HTTPError, OSError, ValueError) as exc:
-                self.last_error = f"publishing ResourceSlices failed: {getattr(exc, 'reason', None) or exc}"
+                self.last_error = f"publishing ResourceSlices failed: {_why(exc)}"
                 log.warning("%s; retrying in %.0f s", self.last_error, self.interval_s,
                             extra={"fields": {"node": self.node}})
                 return False
