@@ -1,6 +1,7 @@
 """`devplugin serve` (the node daemon), `devplugin dra` (the DRA kubelet plugin), `devplugin demo` (the daemon on
 a simulated node), `devplugin scheduler`
-(extender and webhooks) and `devplugin inspect` (who holds which GPU)."""
+(extender and webhooks), `devplugin inspect` (who holds which GPU) and `devplugin dra-limits` (the claim
+policies' largest GPU memory)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     inspect = sub.add_parser("inspect", help="GPU memory and compute allocated per node and per GPU "
                              "(also `kubectl inspect gpushare`)")
     inspect_cli.add_arguments(inspect)
+    from devplugin.dra import limits as dra_limits
+
+    limits = sub.add_parser(
+        "dra-limits", help="the largest GPU memory of the DRA slices beside the claim policies' limit; "
+        "--write sets it", description="Print the largest GPU memory the gpu.gpushare.io ResourceSlices publish "
+        "and the largestGpuMemory the claim policies check claims against (ConfigMap kube-system/"
+        "gpushare-dra-limits); --write sets the ConfigMap to it.")
+    dra_limits.add_arguments(limits)
     args = parser.parse_args(argv)
     if args.command == "scheduler":
         problem = scheduler_service.check_arguments(args)
@@ -52,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return scheduler_service.run(args)
     if args.command == "inspect":
         return inspect_cli.run(args)
+    if args.command == "dra-limits":
+        return dra_limits.run(args)
     if args.command == "dra":
         try:
             dra_cfg = dra_from_args(args)

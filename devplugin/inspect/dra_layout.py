@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 
 from devplugin import contract
-from devplugin.inspect.dra_report import ClaimOnGpu, DraGpu, DraNode, DraReport, quantity_int
+from devplugin.inspect.dra_report import ClaimOnGpu, DraGpu, DraNode, DraReport, is_quantity, quantity_int
 from devplugin.inspect.layout import WIDTH, _cut, _pct, _table
 
 GIB = 1 << 30
@@ -68,7 +68,9 @@ def _limit_lines(report: DraReport) -> list[str]:
     else:
         text = f"Largest GPU: {largest} GiB; claims' memory limit {report.limit} ({LIMITS})"
         limit = quantity_int(report.limit)
-        if report.largestGpuMemory and 0 < limit < report.largestGpuMemory:
+        if not is_quantity(report.limit):
+            text += "; not a quantity: every claim of the gpushare DeviceClasses is refused, fix it"
+        elif report.largestGpuMemory and limit < report.largestGpuMemory:
             text += f"; claims above {report.limit} are refused though a GPU offers {largest} GiB: raise it"
     return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 

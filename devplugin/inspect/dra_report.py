@@ -6,6 +6,7 @@ allocation the scheduler did not make)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
@@ -14,6 +15,7 @@ from kubernetes.utils import parse_quantity
 
 from devplugin import contract
 
+QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE])?")
 OUR_CLASSES = (contract.DRA_DRIVER, "whole." + contract.DRA_DRIVER)  # the DeviceClasses deploy/components/dra ships
 
 
@@ -89,6 +91,11 @@ def _l(value: object) -> list:
 
 def _s(value: object) -> str:
     return value if isinstance(value, str) else ""
+
+
+def is_quantity(text: str) -> bool:
+    """A Kubernetes quantity as the apiserver (and CEL's isQuantity) reads one: no spaces, one suffix."""
+    return bool(QUANTITY.fullmatch(text))
 
 
 def quantity_int(raw: object) -> int:
