@@ -112,3 +112,32 @@ def test_a_node_without_the_dra_label_is_not_ready_and_says_why(short_dir: Path)
         assert not ok and "no label gpushare.io/allocation" in why and "gpushare.io/allocation=dra" in why
     finally:
         plugin.stop()
+
+
+def test_metrics_count_and_time_prepares_and_unprepares_per_result(short_dir: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from devplugin.dra.metrics import DraMetrics
+
+    store = Store()
+    store.add(claim(UID1, [result("gpu-0", "2Gi", "30")], name="good"))
+    plugin = start(short_dir, store)
+    metrics = DraMetrics("node-a", plugin.preparer.held)
+    plugin.preparer.observe = metrics.observe
+    claims = [dra_pb2.Claim(namespace="team-a", name="good", uid=UID1),
+              dra_pb2.Claim(namespace="team-a", name="gone", uid=UID2)]
+    try:
+        with grpc.insecure_channel(f"unix://{short_dir / 'p' / 'dra.sock'}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=claims), timeout=5)
+            text = generate_latest(metrics.registry).decode()
+            assert 'gpushare_dra_claim_operations_total{node="node-a",operation="prepare",result="ok"} 1.0' in text
+            assert 'gpushare_dra_claim_operations_total{node="node-a",operation="prepare",result="error"} 1.0' in text
+            assert 'gpushare_dra_prepared_claims{node="node-a"} 1.0' in text
+            assert 'gpushare_dra_claim_operation_seconds_count{node="node-a",operation="prepare"} 2.0' in text
+            stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=claims[:1]), timeout=5)
+            text = generate_latest(metrics.registry).decode()
+            assert 'gpushare_dra_claim_operations_total{node="node-a",operation="unprepare",result="ok"} 1.0' in text
+            assert 'gpushare_dra_prepared_claims{node="node-a"} 0.0' in text
+    finally:
+        plugin.stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from devplugin.app import usage_metrics
 from devplugin.app.metrics import NodeMetrics
+from devplugin.dra.metrics import DraMetrics
 from devplugin.scheduler.metrics import SchedulerMetrics
 from devplugin.scheduler.state import ClusterState
 
@@ -20,10 +21,12 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 
 def families() -> dict[str, str]:
-    """Every metric family both services export ({name: type}); the collectors yield their families even with
+    """Every metric family the services export ({name: type}); the collectors yield their families even with
     nothing to report."""
     out = {}
-    for registry in (NodeMetrics(lambda: None).registry, SchedulerMetrics(ClusterState()).registry):
+    registries = (NodeMetrics(lambda: None).registry, SchedulerMetrics(ClusterState()).registry,
+                  DraMetrics("node", lambda: 0).registry)
+    for registry in registries:
         for family in registry.collect():
             out[family.name] = family.type
     out.update(usage_metrics.families())  # the per-container families, rendered beside the node daemon's registry
