@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.realk8s.cluster import node_gpus
-from tests.realk8s.dra_cluster import DRIVER, MODE_DRA, MODE_LABEL, SHARE_CLASS, DraCluster
+from tests.realk8s.dra_cluster import DRIVER, MODE_DRA, MODE_LABEL, SHARE_CLASS, DraCluster, DraSpec, running_dra
 
 pytestmark = pytest.mark.realk8s
 
@@ -142,3 +142,54 @@ def test_claim_of_an_unregistered_driver_fails_the_pod_with_the_kubelets_message
     finally:
         c.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", f"{node.name}-{absent}")
         c.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", absent)
+
+
+def test_restarted_node_agent_keeps_the_prepared_claim_from_its_checkpoint(dra_cluster: DraCluster,
+                                                                           dra_ns: str) -> None:
+    """The DRA manager's checkpoint outlives the node agent: restarted, it adopts the Running pod with the claim
+    held for it and the same CDI device and env, and unprepares it when the pod goes. (Kubernetes 1.36.3's DRA
+    manager reads its checkpoint back as not prepared, asks the driver again, which must answer the same, and
+    appends that answer to the devices it held: each device is then listed twice.)"""
+    c = dra_cluster
+    c.create_resource("resourceclaimtemplates", claim_template("share", "1Gi", "10"), dra_ns)
+    c.core.create_namespaced_pod(dra_ns, pod_with_claim("r", "share"))
+    pod = running_pod(c, dra_ns, "r")
+    uid, node = pod.metadata.uid, c.node(pod.spec.node_name)
+    before = node.claims()
+    (ctr_before,) = next(p for p in node.books()["pods"] if p["uid"] == uid)["containers"]
+
+    node.agent.restart(timeout=60)
+    c.wait(lambda: any(p["uid"] == uid and p["phase"] == "Running" for p in node.books()["pods"]),
+           "the pod adopted by the restarted agent")
+    (held,) = node.claims()
+    assert {k: held[k] for k in ("uid", "name", "podUIDs")} == {k: before[0][k] for k in ("uid", "name", "podUIDs")}
+    assert held["devices"] == before[0]["devices"] * 2  # the driver's same answer, appended
+    (ctr_after,) = next(p for p in node.books()["pods"] if p["uid"] == uid)["containers"]
+    assert ctr_after["cdi"]["cdiDevices"] == ctr_before["cdi"]["cdiDevices"] * 2
+    assert ctr_after["cdi"]["injected"] == ctr_before["cdi"]["injected"] and ctr_after["envs"] == ctr_before["envs"]
+    assert c.core.read_namespaced_pod("r", dra_ns).status.phase == "Running"
+
+    c.core.delete_namespaced_pod("r", dra_ns)
+    c.wait(lambda: not node.claims(), "the claim unprepared after the restart")
+    claim_uid = before[0]["uid"]
+    assert not (node.cdi_dir / f"gpushare.io-gpu_{claim_uid}.json").exists()
+    # the restarted DRA manager deleted the node's slices, as the kubelet does; the plugin publishes them again
+    c.wait_plugin(node, timeout=90)
+
+
+def test_kubeletplugin_stub_serves_the_same_chain() -> None:
+    """The same chain with e2e/bin/stubdra (Kubernetes' kubeletplugin helper) as the node's plugin: the node agent
+    works with upstream's own plugin code, not only with `devplugin dra`."""
+    with running_dra(DraSpec(nodes=1, gpus=1, plugin="stub")) as c:
+        ns = c.namespace()
+        c.create_resource("resourceclaimtemplates", claim_template("share", "3Gi", "25"), ns)
+        c.core.create_namespaced_pod(ns, pod_with_claim("s", "share"))
+        pod = running_pod(c, ns, "s")
+        node = c.nodes[0]
+        (bpod,) = [p for p in node.books()["pods"] if p["uid"] == pod.metadata.uid]
+        env = bpod["containers"][0]["cdi"]["injected"]["env"]
+        assert (env["GPUSHARE_DRA_DEVICE"], env["GPUSHARE_DRA_MEMORY"], env["GPUSHARE_DRA_CORES"]) == (
+            "gpu-0", str(3 << 30), "25")
+        c.core.delete_namespaced_pod("s", ns)
+        c.wait(lambda: not node.claims(), "the claim unprepared")
+        assert not list(node.cdi_dir.glob("*.json"))

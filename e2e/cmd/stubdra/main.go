@@ -2,7 +2,8 @@
 // (k8s.io/dynamic-resource-allocation/kubeletplugin, the code upstream's example and test drivers use): it
 // registers with the kubelet's plugin watcher in --plugins-registry-dir (GetInfo: type DRAPlugin, the driver
 // name, its DRA socket in --plugin-dir, v1.DRAPlugin), serves the DRA v1 API, and publishes the node's
-// ResourceSlice (pool = node name): --gpus devices gpu-0, gpu-1, ..., each shared by several allocations
+// ResourceSlice (pool = node name): --gpus devices gpu-0, gpu-1, ... (attributes index and type=share, what the
+// shipped DeviceClass gpu.gpushare.io selects), each shared by several allocations
 // (allowMultipleAllocations) with the consumable capacities memory (--gpu-memory; request policy: default 1Gi,
 // 256Mi to the full value in steps of 256Mi) and cores (100; default 100, 5 to 100 in steps of 5). The helper's
 // slice controller publishes the slice again when it is deleted (the kubelet deletes a node's slices when it
@@ -124,6 +125,7 @@ func (d *driver) devices() []resourceapi.Device {
 			AllowMultipleAllocations: ptr.To(true),
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 				"index": {IntValue: ptr.To(int64(i))},
+				"type":  {StringValue: ptr.To("share")}, // what the shipped DeviceClass gpu.gpushare.io selects
 			},
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 				"memory": {Value: d.o.memory, RequestPolicy: &resourceapi.CapacityRequestPolicy{

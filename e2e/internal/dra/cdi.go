@@ -74,7 +74,9 @@ func (e *UnresolvableError) Error() string {
 
 // Resolve reads the CDI spec files (*.json, *.yaml, *.yml) of dirs, as a container runtime's CDI cache does
 // (a later directory takes precedence over an earlier one for a device both define), and applies the edits of
-// the named devices ("vendor/class=name"): each spec's own containerEdits once, then each device's.
+// the named devices ("vendor/class=name"): each spec's own containerEdits once, then each device's, a device
+// named twice applied once (the DRA manager of 1.36.3 names a claim's devices twice after a restart: it prepares
+// the claims of its checkpoint again and appends the driver's answer to what the checkpoint held).
 // The spec files are read afresh on every call: a driver writes them just before it answers
 // NodePrepareResources.
 func Resolve(dirs []string, devices []string) (Injected, error) {
@@ -108,7 +110,12 @@ func Resolve(dirs []string, devices []string) (Injected, error) {
 	}
 	var missing []string
 	specApplied := map[string]bool{}
+	deviceApplied := map[string]bool{}
 	for _, id := range devices {
+		if deviceApplied[id] {
+			continue
+		}
+		deviceApplied[id] = true
 		f, ok := known[id]
 		if !ok {
 			missing = append(missing, id)

@@ -73,13 +73,30 @@ func (n *Node) Start(ctx context.Context, activePods func() []*v1.Pod, getNode f
 	return nil
 }
 
+// PrepareRetries are the pauses between the attempts of Prepare: the kubelet's pod worker retries a failed
+// PrepareDynamicResources with its back-off for as long as the pod exists; the node agent retries for about 6 s
+// (a claim is often readable by the node a moment after the pod is: the Node authorizer's graph learns the
+// pod-to-claim edge from the pod's status) and then gives up.
+var PrepareRetries = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond,
+	800 * time.Millisecond, 1600 * time.Millisecond, 3200 * time.Millisecond}
+
 // Prepare is the kubelet's PrepareDynamicResources before a pod's sandbox is created: for each claim of the pod,
 // the DRA manager reads the ResourceClaim, checks it is allocated and reserved for the pod, and calls the driver's
-// NodePrepareResources for the claims it has not prepared yet. The error is the DRA manager's own.
+// NodePrepareResources for the claims it has not prepared yet (a claim already prepared is not asked again).
+// Tried again after each of PrepareRetries while it fails; the error is the DRA manager's last.
 func (n *Node) Prepare(pod *v1.Pod) error {
-	ctx, cancel := context.WithTimeout(context.Background(), prepareTimeout)
-	defer cancel()
-	return n.Manager.PrepareResources(ctx, pod)
+	var err error
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), prepareTimeout)
+		err = n.Manager.PrepareResources(ctx, pod)
+		cancel()
+		if err == nil || attempt == len(PrepareRetries) {
+			return err
+		}
+		klog.V(2).InfoS("prepare dynamic resources failed, retrying", "pod", klog.KObj(pod), "podUID", pod.UID,
+			"attempt", attempt+1, "in", PrepareRetries[attempt], "err", err)
+		time.Sleep(PrepareRetries[attempt])
+	}
 }
 
 // Unprepare is the kubelet's UnprepareDynamicResources once a pod's containers have stopped: the drivers'
