@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.utils import parse_quantity
 
 from tests.realk8s.cluster import node_gpus
 from tests.realk8s.dra_cluster import DRIVER, MODE_DRA, MODE_LABEL, SHARE_CLASS, DraCluster, DraSpec, running_dra
@@ -193,3 +194,47 @@ def test_kubeletplugin_stub_serves_the_same_chain() -> None:
         c.core.delete_namespaced_pod("s", ns)
         c.wait(lambda: not node.claims(), "the claim unprepared")
         assert not list(node.cdi_dir.glob("*.json"))
+
+
+def test_shares_pack_three_per_gpu_by_compute_and_the_next_stays_pending(dra_cluster: DraCluster,
+                                                                         dra_ns: str) -> None:
+    """2Gi / 30 cores claims: three fit a 16 GiB GPU by compute (90 of 100 cores), so the cluster's 4 GPUs take 12
+    and the 13th pod stays Pending with the scheduler's reason; every GPU's allocations add up within its
+    ResourceSlice capacities, and each node's DRA manager holds exactly the claims of its pods, prepared."""
+    c = dra_cluster
+    gpus = c.spec.nodes * c.spec.gpus
+    c.create_resource("resourceclaimtemplates", claim_template("share", "2Gi", "30"), dra_ns)
+    names = [f"p{i}" for i in range(3 * gpus + 1)]
+    for name in names:
+        c.core.create_namespaced_pod(dra_ns, pod_with_claim(name, "share"))
+
+    def settled() -> tuple[list[k8s.V1Pod], list[k8s.V1Pod]] | None:
+        pods = c.core.list_namespaced_pod(dra_ns).items
+        assert not [p.metadata.name for p in pods if p.status.phase == "Failed"]
+        run = [p for p in pods if p.status.phase == "Running"]
+        pending = [p for p in pods if p.status.phase == "Pending" and any(
+            cond.type == "PodScheduled" and cond.status == "False" for cond in (p.status.conditions or []))]
+        return (run, pending) if len(run) == 3 * gpus and len(pending) == 1 else None
+
+    run, (pending,) = c.wait(settled, f"{3 * gpus} pods Running and one unschedulable", timeout=120)
+    (cond,) = [x for x in pending.status.conditions if x.type == "PodScheduled"]
+    assert "cannot allocate all claims" in cond.message, cond.message
+
+    # per GPU, what the allocations consumed, within what its slice offers
+    offered = {(sl["spec"]["pool"]["name"], d["name"]): {k: parse_quantity(q["value"])
+                                                         for k, q in d["capacity"].items()}
+               for node in c.nodes for sl in c.slices(node.name) for d in sl["spec"].get("devices", [])
+               if "capacity" in d}
+    used: dict[tuple[str, str], dict[str, int]] = {}
+    for claim in c.resource("resourceclaims", dra_ns):
+        for r in (claim["status"].get("allocation") or {}).get("devices", {}).get("results", []):
+            u = used.setdefault((r["pool"], r["device"]), {"memory": 0, "cores": 0})
+            for k in u:
+                u[k] += int(parse_quantity(r["consumedCapacity"][k]))
+    assert len(used) == gpus and all(u == {"memory": 6 << 30, "cores": 90} for u in used.values()), used
+    assert all(u[k] <= offered[dev][k] for dev, u in used.items() for k in u), (used, offered)
+    for node in c.nodes:
+        on_node = {p.metadata.uid for p in run if p.spec.node_name == node.name}
+        held = node.claims()
+        assert sorted(u for h in held for u in h["podUIDs"]) == sorted(on_node)
+        assert len({(d["device"], d["shareID"]) for h in held for d in h["devices"]}) == len(on_node)
