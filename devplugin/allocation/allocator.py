@@ -163,6 +163,12 @@ class Allocator(PairingFallback, ViewSync):
         with self._lock:
             return read(self.holdings)
 
+    def guesses(self) -> int:
+        """Containers placed as the likeliest of several asking alike that PodResources has not named yet: not
+        recorded on their pods until it does (ViewSync.reconcile)."""
+        with self._lock:
+            return sum(1 for h in self.holdings.holders() if h.key is not None and not h.exact)
+
     def pod_ended(self, pod_uid: str) -> None:
         """The pod cache saw a pod finish or go: its units come back."""
         with self._lock:

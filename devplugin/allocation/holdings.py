@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from devplugin.allocation.decision import ContainerKey
@@ -24,7 +24,8 @@ SHARED_KINDS = (Kind.MEM, Kind.CORE)
 RECORD_LAG_S = 0.1  # how long the kubelet may take to show a device it got from us in PodResources
 # (it records an Allocate's devices as soon as our answer arrives: milliseconds; a longer grace keeps the
 # devices of short-lived pods out of node allocatable, bench/churn.py --mode fallback). A holder PodResources has
-# listed once needs no grace: not listed any more, it has ended.
+# listed once needs no grace: not listed any more, it has ended. A known container whose pod the kubelet still
+# lists needs none either: it is kept until its devices are listed (keep_only).
 
 
 @dataclass
@@ -145,10 +146,13 @@ class Holdings:
                 dropped.append(self.release(x, kind, freed))
         return [h for h in dropped if h is not None]
 
-    def keep_only(self, held: Mapping[Kind, set[str]], as_of: float | None = None) -> list[Holding]:
+    def keep_only(self, held: Mapping[Kind, set[str]], as_of: float | None = None,
+                  pods: Collection[tuple[str, str]] | None = None) -> list[Holding]:
         """PodResources says which devices the kubelet has given out: forget holders none of whose devices it
         lists. `as_of` (time.monotonic()) is when that list was asked for: holders that got devices after it (or
-        just before: the kubelet records an Allocate only once the plugin answered) are kept."""
+        just before: the kubelet records an Allocate only once the plugin answered) are kept. `pods`: the pods
+        (namespace, name) the same list names; a known container never listed yet whose pod the kubelet still
+        lists is kept however long its answer takes to be recorded (a loaded kubelet): its pod has not ended."""
         gone = []
         for h in list(self._by_holder.values()):
             unlisted = {kind: {i for ids in per_gpu.values() for i in ids if i not in held.get(kind, ())}
@@ -157,7 +161,8 @@ class Holdings:
             missing = sum(len(v) for v in unlisted.values())
             fresh = as_of is not None and h.since > as_of - RECORD_LAG_S  # the kubelet may not show it yet
             if total and missing == total:
-                if h.listed or not fresh:  # listed before and not now, or never and long enough: it ended
+                waiting = pods is not None and h.key is not None and (h.key.namespace, h.key.pod) in pods
+                if h.listed or not (fresh or waiting):  # listed before and not now, or never and it ended
                     gone.append(h.holder)
                 continue
             h.listed = True

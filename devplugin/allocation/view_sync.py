@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from devplugin.allocation.decision import ContainerKey, Decision, state_dir_name
 from devplugin.allocation.holdings import Holding, Holdings
@@ -46,11 +46,13 @@ class ViewSync:
                  KUBELET_RESTART_GRACE_S)
 
     def reconcile(self, held: Sequence[HeldDevices], pods: Sequence[PodRequest] | None,
-                  as_of: float | None = None) -> None:
+                  as_of: float | None = None, listed: Collection[tuple[str, str]] | None = None) -> None:
         """The kubelet's PodResources (every container holding our devices, by namespace, pod and container name)
         joined with the pod cache: forget containers the kubelet no longer lists, learn those it lists that we do
         not know (after a restart), name containers placed without pod lookup, and write every decision that is
-        not recorded on its pod yet. `as_of`: when PodResources was asked (containers placed since are kept)."""
+        not recorded on its pod yet. `as_of`: when PodResources was asked (containers placed since are kept);
+        `listed`: the pods (namespace, name) that list names (a container of one of them is kept until its
+        devices are listed)."""
         by_name = {(p.namespace, p.name): p for p in pods or () if not p.finished}
         with self._lock:
             every: dict[Kind, set[str]] = {k: set() for k in Kind}
@@ -59,7 +61,7 @@ class ViewSync:
                     every[kind].update(ids)
             changed = False
             if time.monotonic() >= self._absence_ignored_until:
-                gone = self.holdings.keep_only(every, as_of)
+                gone = self.holdings.keep_only(every, as_of, listed)
                 if gone:
                     log.info("%d container(s) no longer listed by the kubelet: their devices are free", len(gone),
                              extra={"fields": {"containers": ",".join(str(h.key or h.holder) for h in gone)}})

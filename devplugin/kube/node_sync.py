@@ -2,7 +2,8 @@
 
 At start the daemon does not register with the kubelet until one sync succeeded: serving "everything free" before
 the node's held devices are known would give devices twice. Afterwards it syncs on a timer and when poked (the pod
-cache reconnected), which also names containers placed while the apiserver could not be asked.
+cache reconnected), which also names containers placed while the apiserver could not be asked; while a container
+placed as the likeliest of several is not named yet, it syncs every GUESS_RETRY_S until the kubelet lists it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 SYNC_INTERVAL_S = 30.0  # with the pod cache, which reports ended pods at once
 SYNC_INTERVAL_ALONE_S = 1.0  # without it (a local call of about a millisecond)
 GUESS_CONFIRM_DELAY_S = 0.05
+# While a container placed as the likeliest of several is not named yet, PodResources is read again this often: a
+# loaded kubelet records an Allocate some time after our answer, and the container's record waits for it.
+GUESS_RETRY_S = 0.2
 
 
 class NodeSync:
@@ -57,7 +61,7 @@ class NodeSync:
         if listing is None:
             return None
         found = listing.containers
-        self.allocator.reconcile(found, self.pods(), as_of=asked)
+        self.allocator.reconcile(found, self.pods(), as_of=asked, listed=listing.pods)
         self.last_sync = asked
         if not self.synced.is_set():
             held = sum(len(ids) for c in found for ids in c.devices.values())
@@ -98,7 +102,7 @@ class NodeSync:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            self._poke.wait(self.interval_s)
+            self._poke.wait(GUESS_RETRY_S if self.allocator.guesses() else self.interval_s)
             self._poke.clear()
             if self._stopping.is_set():
                 return
