@@ -14,14 +14,15 @@ from kubernetes import client as k8s
 from tests.realk8s import other_schedulers
 from tests.realk8s.books import holdings
 from tests.realk8s.cluster import Cluster
-from tests.realk8s.podspecs import Ask, describe, on_node, pod, settled, unschedulable, wait_pods
+from tests.realk8s.podspecs import Ask, describe, on_node, pod, settled_and_recorded, unschedulable, wait_pods
 
 pytestmark = pytest.mark.realk8s
 
 
 def running(cluster: Cluster, ns: str, names: list[str], timeout: float = 60) -> dict[str, k8s.V1Pod]:
-    pods = wait_pods(cluster.core, ns, lambda ps: {p.metadata.name for p in ps if settled(p)} >= set(names),
-                     f"{names} Running or failed", timeout)
+    pods = wait_pods(cluster.core, ns,
+                     lambda ps: {p.metadata.name for p in ps if settled_and_recorded(p)} >= set(names),
+                     f"{names} Running (with their record) or failed", timeout)
     by = {p.metadata.name: p for p in pods}
     bad = [describe(by[n]) for n in names if by[n].status.phase != "Running"]
     assert not bad, bad

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.realk8s.cluster import Cluster
-from tests.realk8s.podspecs import Ask, pod, settled, wait_pods
+from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, wait_pods
 
 pytestmark = pytest.mark.realk8s
 
@@ -58,7 +58,8 @@ def test_requests_that_differ_from_limits_are_refused_by_the_apiserver_first(rea
 def test_a_valid_gpu_pod_runs_on_the_gpu_recorded_and_cpu_containers_see_no_gpu(realk8s: Cluster, ns: str) -> None:
     body = pod("ok", [Ask(mem=4, core=30, name="gpu"), Ask(name="cpu")])
     realk8s.core.create_namespaced_pod(ns, body)
-    [p] = wait_pods(realk8s.core, ns, lambda ps: all(settled(x) for x in ps), "Running", timeout=60)
+    [p] = wait_pods(realk8s.core, ns, lambda ps: all(settled_and_recorded(x) for x in ps), "Running and recorded",
+                    timeout=60)
     assert p.status.phase == "Running", p.status
     envs = {c.name: {e.name: e.value for e in c.env or []} for c in p.spec.containers}
     assert envs["cpu"].get("NVIDIA_VISIBLE_DEVICES") == "void"  # the mutating webhook

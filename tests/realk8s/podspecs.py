@@ -3,6 +3,7 @@ containers and sidecars, labels and annotations; and the waits on what became of
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -106,6 +107,23 @@ def describe(p: k8s.V1Pod) -> str:
 def settled(p: k8s.V1Pod) -> bool:
     """Running, or failed by its node."""
     return p.status.phase in ("Running", "Failed")
+
+
+def recorded(p: k8s.V1Pod) -> bool:
+    """The node daemon's record (gpushare.io/allocated) names every app container of the pod that asks for a GPU.
+    The daemon writes it just after admission, off the admission path, while the kubelet writes the pod's status
+    on its own: a pod can be Running a moment before its record is there (longer on a loaded apiserver)."""
+    raw = (p.metadata.annotations or {}).get("gpushare.io/allocated")
+    want = {c.name for c in p.spec.containers
+            if any(k in ((c.resources.limits if c.resources else None) or {}) for k in (MEM, CORE, COUNT))}
+    if not raw:
+        return not want
+    return want <= set(json.loads(raw).get("containers") or {})
+
+
+def settled_and_recorded(p: k8s.V1Pod) -> bool:
+    """Failed by its node, or Running with its record written."""
+    return p.status.phase == "Failed" or (p.status.phase == "Running" and recorded(p))
 
 
 def unschedulable(p: k8s.V1Pod) -> str:
