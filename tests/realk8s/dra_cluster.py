@@ -2,8 +2,10 @@
 
 What runs (each a local process in its own process group, logs under the cluster's directory):
 - etcd and kube-apiserver 1.36 (`--authorization-mode=Node,RBAC`, the feature gates as 1.36 ships them: DRA on,
-  consumable capacity beta and on), as in tests/realk8s/cluster.py, with the shipped DeviceClasses
-  (deploy/components/dra/deviceclasses.yaml);
+  consumable capacity beta and on), as in tests/realk8s/cluster.py, with the project's DRA objects applied by
+  `kubectl apply`: deploy/components/dra (the DeviceClasses, the claim admission policies) and
+  deploy/components/dra-node (the plugin's ServiceAccount and RBAC, the policy keeping each node's plugin to its
+  own node's ResourceSlices, the DaemonSet, whose pods the harness creates, as its controller would);
 - kube-controller-manager with only the controllers DRA needs: `resourceclaim-controller` (creates a pod's
   ResourceClaims from its templates, drops a claim's reservation and allocation when its pods are done) and
   `garbage-collector-controller` (deletes a generated claim once its pod is gone), with its own client
@@ -14,9 +16,9 @@ What runs (each a local process in its own process group, logs under the cluster
 - N nodes, labelled `gpushare.io/allocation=dra`, each a node agent (`e2e/bin/nodeagent`: the kubelet's DRA
   manager and plugin watcher, node identity `system:node:<name>`) with its plugins-registry and CDI directories,
   and a DRA kubelet plugin serving driver gpu.gpushare.io on them: `devplugin dra` on the fake driver (2 x 16 GiB
-  GPUs by default) with the shim delivered (build/shim/libgpushare.so), or with `plugin="stub"`
-  e2e/bin/stubdra (Kubernetes' kubeletplugin helper). Either publishes the node's ResourceSlices with the
-  admin's kubeconfig.
+  GPUs by default) with the shim delivered (build/shim/libgpushare.so) and a token of its ServiceAccount bound to
+  the node's DaemonSet pod (so the shipped RBAC and slice policy are what it works with), or with
+  `plugin="stub"` e2e/bin/stubdra (Kubernetes' kubeletplugin helper, with the admin's kubeconfig).
 
 The node agents finalize the pods that end (the kubelet's job) and unprepare their claims through the plugin.
 """
@@ -43,7 +45,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver
-from tests.realk8s import kubeconfigs
+from tests.realk8s import kubeconfigs, manifests
 from tests.realk8s.agent import NodeAgent
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
@@ -55,7 +57,9 @@ BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "stubdra")
 REPO = Path(__file__).resolve().parents[2]
 SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"  # `make native`
-DEVICE_CLASSES = REPO / "deploy" / "components" / "dra" / "deviceclasses.yaml"
+COMPONENTS = [REPO / "deploy" / "components" / "dra" / f for f in ("deviceclasses.yaml", "claim-policies.yaml")] + [
+    REPO / "deploy" / "components" / "dra-node" / f for f in ("rbac.yaml", "slice-policy.yaml", "daemonset.yaml")]
+PLUGIN_SA, PLUGIN_NS = "gpushare-dra-plugin", "kube-system"
 SHARE_CLASS, WHOLE_CLASS = "gpu.gpushare.io", "whole.gpu.gpushare.io"
 DRIVER = "gpu.gpushare.io"
 MODE_LABEL = "gpushare.io/allocation"  # a node runs the device-plugin mode or the DRA mode, never both
@@ -134,6 +138,7 @@ class DraCluster:
     server: str = ""
     api_client: k8s.ApiClient | None = None
     took: float = 0.0
+    applied: str = ""  # kubectl apply's output for the project's DRA objects
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> DraCluster:
@@ -149,8 +154,8 @@ class DraCluster:
         self._start_apiserver(pki, sa, etcd_url)
         for ns in ("default", "kube-system"):  # the service-account controller's job (not run)
             self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-        for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):  # the shipped DeviceClasses
-            self.create_resource("deviceclasses", doc)
+        self.applied = manifests.apply([d for f in COMPONENTS for d in yaml.safe_load_all(f.read_text()) if d],
+                                       self.admin)
         self._start_controller_manager(pki, sa)
         self._start_scheduler(pki)
         self._start_nodes(pki)
@@ -221,6 +226,7 @@ class DraCluster:
                                           "--cdi-dir", str(root / "cdi"), "--status-period", "10s"],
                               binary_dir=BIN)
             driver = None
+            plugin_kc = root / "plugin.kubeconfig"  # devplugin dra's: written once the Node exists (below)
             if self.spec.plugin == "stub":
                 plugin = self._proc(f"{name}-plugin", [
                     str(BIN / "stubdra"), "--node-name", name, "--kubeconfig", str(self.admin),
@@ -230,7 +236,7 @@ class DraCluster:
             else:
                 driver = FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib))
                 plugin = Proc(f"{name}-plugin", [
-                    sys.executable, "-m", "devplugin", "dra", "--node-name", name, "--kubeconfig", str(self.admin),
+                    sys.executable, "-m", "devplugin", "dra", "--node-name", name, "--kubeconfig", str(plugin_kc),
                     "--plugins-registry-dir", str(root / "plugins_registry"), "--plugin-dir", str(root / "plugin"),
                     "--cdi-dir", str(root / "cdi"), "--shim", "on", "--shim-lib", str(SHIM_LIB),
                     "--shim-state-dir", str(root / "shim"), "--state-dir", str(root / "state"),
@@ -243,9 +249,26 @@ class DraCluster:
         for node in self.nodes:
             self._wait(lambda n=node: self._ready_untainted(n.name), f"node {node.name} Ready, untainted", 60)
             self.core.patch_node(node.name, {"metadata": {"labels": {MODE_LABEL: MODE_DRA}}})
+            if self.spec.plugin != "stub":
+                self._plugin_token(node)
             node.plugin.start()
         for node in self.nodes:
             self.wait_plugin(node)
+
+    def _plugin_token(self, node: DraNode) -> None:
+        """The DaemonSet's pod on the node, as its controller would create it, and a token of the plugin's
+        ServiceAccount bound to that pod (the token then names the node: the slice policy checks it)."""
+        assert self.pki is not None
+        ds = next(d for f in COMPONENTS for d in yaml.safe_load_all(f.read_text())
+                  if d and d["kind"] == "DaemonSet" and d["metadata"]["name"] == PLUGIN_SA)
+        spec = {**ds["spec"]["template"]["spec"], "nodeName": node.name}
+        spec.pop("nodeSelector")  # the controller chose the node (nodeName); the agent may not see the label yet
+        body = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+                "metadata": {**ds["spec"]["template"].get("metadata", {}), "name": f"{PLUGIN_SA}-{node.name}"}}
+        pod = self.core.create_namespaced_pod(PLUGIN_NS, body)
+        token = kubeconfigs.service_account_token(self.admin, PLUGIN_NS, PLUGIN_SA,
+                                                  (pod.metadata.name, pod.metadata.uid))
+        kubeconfigs.write(node.root / "plugin.kubeconfig", self.server, self.pki.ca.cert, PLUGIN_SA, token=token)
 
     def wait_plugin(self, node: DraNode, timeout: float = 60) -> None:
         """Until the node's DRA manager has the driver registered and the node's ResourceSlice is published."""
