@@ -135,3 +135,27 @@ def test_patch_of_replaced_pod_is_dropped(api: FakeApiserver, writer: KubeWriter
 def test_bad_event_type_is_refused_at_once(writer: KubeWriter) -> None:
     with pytest.raises(ValueError, match="Normal"):
         writer.node_event(NODE, "Error", "X", "y")
+
+
+def test_writes_reuse_one_connection(api: FakeApiserver, writer: KubeWriter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each answer is read to its end, so its connection goes back to the pool: a node's stream of patches and
+    Events is not a TCP (and, to a real apiserver, TLS) handshake per write, which a loaded apiserver pays for and
+    logs as a broken pipe when the unread answer's connection is dropped."""
+    import urllib3.connection
+
+    opened = []
+    connect = urllib3.connection.HTTPConnection.connect
+
+    def counted(self: urllib3.connection.HTTPConnection) -> None:
+        opened.append(self)
+        connect(self)
+
+    monkeypatch.setattr(urllib3.connection.HTTPConnection, "connect", counted)
+    pod = api.add_pod(name="p", node_name=NODE)
+    for i in range(10):
+        writer.patch_node_annotations(NODE, {"gpushare.io/gpu-usage": str(i)})
+        writer.patch_pod_annotations("default", "p", pod["metadata"]["uid"], {"n": str(i)})
+        writer.pod_event("default", "p", pod["metadata"]["uid"], "Normal", "GPUAssigned", f"call {i}")
+        assert writer.flush(5)
+    assert writer.errors == 0
+    assert len(opened) <= 1, f"{len(opened)} connections opened for 30 writes"

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 from urllib3.util.retry import Retry
+
+
+def drain(resp: Any) -> None:
+    """Read a raw answer (`_preload_content=False`) to its end and give its connection back to the pool. Left
+    unread, the connection is dropped: every write then opens a new TCP and TLS connection (costly on a loaded
+    apiserver, which also logs each dropped answer as a broken pipe)."""
+    resp.read()
+    resp.release_conn()
 
 
 class KubeConfigError(RuntimeError):

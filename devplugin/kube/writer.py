@@ -24,6 +24,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devplugin.kube.client import drain
 from devplugin.kube.watch_loop import short_error
 
 log = logging.getLogger(__name__)
@@ -236,12 +237,12 @@ class KubeWriter:
             if item.uid:
                 meta["uid"] = item.uid  # a precondition: a pod of the same name but another uid answers 409
             if item.kind == "Pod":
-                self._core.patch_namespaced_pod(item.name, item.namespace, {"metadata": meta},
-                                                _content_type=MERGE_PATCH, _preload_content=False,
-                                                _request_timeout=self._timeout)
+                drain(self._core.patch_namespaced_pod(item.name, item.namespace, {"metadata": meta},
+                                                      _content_type=MERGE_PATCH, _preload_content=False,
+                                                      _request_timeout=self._timeout))
             else:
-                self._core.patch_node(item.name, {"metadata": meta}, _content_type=MERGE_PATCH,
-                                      _preload_content=False, _request_timeout=self._timeout)
+                drain(self._core.patch_node(item.name, {"metadata": meta}, _content_type=MERGE_PATCH,
+                                            _preload_content=False, _request_timeout=self._timeout))
             return
         self._send_event(item)
 
@@ -253,9 +254,10 @@ class KubeWriter:
         if sent is not None:
             ns, name, count = sent
             try:
-                self._core.patch_namespaced_event(name, ns, {"count": count + ev.repeats, "lastTimestamp": ev.last},
-                                                  _content_type=MERGE_PATCH, _preload_content=False,
-                                                  _request_timeout=self._timeout)
+                drain(self._core.patch_namespaced_event(name, ns, {"count": count + ev.repeats,
+                                                                   "lastTimestamp": ev.last},
+                                                        _content_type=MERGE_PATCH, _preload_content=False,
+                                                        _request_timeout=self._timeout))
                 self._remember(key, (ns, name, count + ev.repeats))
                 return
             except ApiException as exc:
@@ -270,8 +272,8 @@ class KubeWriter:
             "reportingComponent": self.component, "reportingInstance": self.node_name or socket.gethostname(),
             "firstTimestamp": ev.first, "lastTimestamp": ev.last, "count": ev.repeats,
         }
-        self._core.create_namespaced_event(namespace, cast(Any, body), _preload_content=False,
-                                           _request_timeout=self._timeout)
+        drain(self._core.create_namespaced_event(namespace, cast(Any, body), _preload_content=False,
+                                                 _request_timeout=self._timeout))
         self._remember(key, (namespace, name, ev.repeats))
 
     def _remember(self, key: tuple, value: tuple[str, str, int]) -> None:

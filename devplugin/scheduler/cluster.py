@@ -8,6 +8,8 @@ from typing import Any
 
 from kubernetes import client
 
+from devplugin.kube.client import drain
+
 
 class KubeCluster:
     """Reads pods and creates Bindings (with the GPU choice as annotations)."""
@@ -30,5 +32,5 @@ class KubeCluster:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         # The apiserver answers a Status the client cannot read back as a V1Binding: take the raw answer.
-        self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
-                                                _request_timeout=self.timeout_s)
+        drain(self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
+                                                      _request_timeout=self.timeout_s))

@@ -26,6 +26,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from devplugin.kube.client import drain
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_S = 3.0
@@ -106,7 +108,7 @@ class LeaderElector:
             spec["acquireTime"] = _now_micro()
         obj["spec"] = spec
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, obj, _preload_content=False)
+            drain(self.api.replace_namespaced_lease(self.name, self.namespace, obj, _preload_content=False))
         except ApiException as exc:  # 409: another candidate wrote first
             if exc.status != 409:
                 log.warning("updating lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
@@ -120,7 +122,7 @@ class LeaderElector:
                 "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.lease_s)),
                          "acquireTime": _now_micro(), "renewTime": _now_micro(), "leaseTransitions": 0}}
         try:
-            self.api.create_namespaced_lease(self.namespace, body, _preload_content=False)
+            drain(self.api.create_namespaced_lease(self.namespace, body, _preload_content=False))
         except ApiException as exc:
             if exc.status != 409:
                 log.warning("creating lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
@@ -156,7 +158,7 @@ class LeaderElector:
             if spec.get("holderIdentity") != self.identity:
                 return
             spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
-            self.api.replace_namespaced_lease(self.name, self.namespace, obj, _preload_content=False)
+            drain(self.api.replace_namespaced_lease(self.name, self.namespace, obj, _preload_content=False))
             log.info("lease released", extra={"fields": {"identity": self.identity}})
         except ApiException as exc:
             log.warning("releasing lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
