@@ -130,6 +130,10 @@ def test_the_plugin_process_serves_a_claim_end_to_end(cluster: DraCluster) -> No
 
         dc.core.patch_node(NODE, {"metadata": {"labels": {contract.LABEL_ALLOCATION: contract.ALLOCATION_DRA}}})
         wait_for(lambda: len(slices(dc)) == 2, "the node's two slices")
+        uid = dc.core.read_node(NODE).metadata.uid
+        for obj in slices(dc).values():
+            (owner,) = obj["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", NODE, uid), "the Node owns its slices"
         devices = slices(dc)[f"{NODE}-gpushare-devices"]["spec"]["devices"]
         assert devices[0]["attributes"]["computeCapability"] == {"version": "8.0.0"}
         assert devices[0]["attributes"]["driverVersion"] == {"version": "550.54.15"}

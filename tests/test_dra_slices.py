@@ -119,3 +119,10 @@ def test_a_share_is_accepted_only_on_the_steps_within_the_gpu(memory: int, cores
         assert not ok
     else:
         assert ok
+
+
+def test_the_node_owns_its_slices_once_its_uid_is_known() -> None:
+    assert all("ownerReferences" not in o["metadata"] for o in build_slices(NODE, GPUS, FACTS, {}, 1))
+    for obj in build_slices(NODE, GPUS, FACTS, {}, 1, node_uid="u-1"):
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u-1", "controller": True}]

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from devplugin.app.config import Config
+from devplugin.app.dra_config import DraConfig
 from tests.dockerfile_parse import Stage, copy_sources, parse
 
 REPO = Path(__file__).resolve().parent.parent
-COMMANDS = ("serve", "scheduler", "inspect")
+COMMANDS = ("serve", "dra", "scheduler", "inspect")
 
 
 def runtime_stage() -> Stage:
@@ -96,7 +97,7 @@ def test_each_container_of_the_image_runs_a_real_command(where: str, spec: dict,
 def test_the_image_user_suits_each_container(where: str, spec: dict, container: dict) -> None:
     run = argv(container)
     user = security(spec, container, "runAsUser")
-    if run[:2] == ["devplugin", "serve"] or run[0] in ("sh", "/bin/sh"):
+    if run[:2] in (["devplugin", "serve"], ["devplugin", "dra"]) or run[0] in ("sh", "/bin/sh"):
         # The kubelet's sockets and the shim's host paths are root's: these run as the image's default, root.
         assert user in (None, 0) and not security(spec, container, "runAsNonRoot"), f"{where}: needs root"
     elif security(spec, container, "runAsNonRoot"):
@@ -126,7 +127,11 @@ def test_the_shim_install_puts_the_image_library_where_the_daemon_mounts_it(tmp_
         assert placed[0].stat().st_mode & stat.S_IROTH, "containers of any user read the shim"
         volume_name, *rest = placed[0].relative_to(root / "host").parts
         host_file = str(Path(volumes[volume_name]["hostPath"]["path"], *rest))
-        daemon = next((c for c in spec["containers"] if argv(c)[:2] == ["devplugin", "serve"]), None)
-        assert daemon, "the shim is installed beside a node daemon (`devplugin serve`)"
+        daemon = next((c for c in spec["containers"] if argv(c)[:2] in (["devplugin", "serve"],
+                                                                        ["devplugin", "dra"])), None)
+        assert daemon, "the shim is installed beside a node daemon (`devplugin serve` or `devplugin dra`)"
         env = {e["name"]: e.get("value") for e in daemon.get("env", [])}
-        assert host_file == env.get("DEVPLUGIN_SHIM_LIB", Config().shim_lib)
+        if argv(daemon)[1] == "dra":
+            assert host_file == env.get("DEVPLUGIN_DRA_SHIM_LIB", DraConfig().shim_lib)
+        else:
+            assert host_file == env.get("DEVPLUGIN_SHIM_LIB", Config().shim_lib)

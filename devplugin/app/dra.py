@@ -66,10 +66,16 @@ def run(cfg: DraConfig) -> int:
     unhealthy: dict[str, str] = {}
     lock = threading.Lock()
 
+    watch_box: list[NodeWatch] = []
+
+    def node_uid() -> str:
+        obj = watch_box[0].node() if watch_box else None
+        return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
     def desired(generation: int) -> list[dict[str, object]]:
         with lock:
             sick = dict(unhealthy)
-        return build_slices(node, gpus, facts, sick, generation)
+        return build_slices(node, gpus, facts, sick, generation, node_uid())
 
     publisher = SlicePublisher(api, node, desired, interval_s=cfg.resync_seconds)
     resource = client.ResourceV1Api(api)
@@ -94,7 +100,9 @@ def run(cfg: DraConfig) -> int:
     metrics = DraMetrics(node, preparer.held)
     preparer.observe = metrics.observe
     plugin_box: list[DraPlugin] = []
-    watch = NodeWatch(api, node, lambda labels: plugin_box[0].apply_mode() if plugin_box else None)
+    watch = NodeWatch(api, node, lambda labels: plugin_box[0].apply_mode() if plugin_box else None,
+                      on_recreated=publisher.poke)
+    watch_box.append(watch)
     plugin = DraPlugin(node, preparer, publisher, Path(cfg.plugin_dir), Path(cfg.plugins_registry_dir),
                        labels=watch.labels)
     plugin_box.append(plugin)

@@ -33,7 +33,8 @@ def _content(objs: list[dict[str, object]]) -> str:
     for obj in objs:
         spec = dict(obj["spec"])  # type: ignore[call-overload]
         spec["pool"] = {k: v for k, v in spec["pool"].items() if k != "generation"}
-        plain.append({"name": obj["metadata"]["name"], "spec": spec})  # type: ignore[index]
+        meta = obj["metadata"]
+        plain.append({"name": meta["name"], "owners": meta.get("ownerReferences"), "spec": spec})  # type: ignore
     return json.dumps(plain, sort_keys=True)
 
 

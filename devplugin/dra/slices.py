@@ -141,17 +141,21 @@ def counter_specs(gpus: Sequence[GPU]) -> list[dict[str, object]]:
 
 
 def build_slices(node: str, gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Mapping[str, str],
-                 generation: int) -> list[dict[str, object]]:
-    """The node's two ResourceSlice objects at pool `generation`. `unhealthy`: GPU UUID -> reason. ValueError for
-    more GPUs than one pool of two slices can describe."""
+                 generation: int, node_uid: str = "") -> list[dict[str, object]]:
+    """The node's two ResourceSlice objects at pool `generation`. `unhealthy`: GPU UUID -> reason; `node_uid`: the
+    Node object's UID, when known, makes the Node their owner (deleting the Node deletes them, as for the
+    kubelet's own slices). ValueError for more GPUs than one pool of two slices can describe."""
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"{len(gpus)} GPUs: a DRA pool of this driver describes at most {MAX_GPUS}")
     counters_name, devices_name = slice_names(node)
     pool = {"name": node, "generation": generation, "resourceSliceCount": SLICE_COUNT}
 
     def obj(name: str, body: dict[str, object]) -> dict[str, object]:
-        return {"apiVersion": API_VERSION, "kind": "ResourceSlice",
-                "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpushare-dra"}},
+        meta: dict[str, object] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpushare-dra"}}
+        if node_uid:
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                                        "controller": True}]
+        return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
                 "spec": {"driver": contract.DRA_DRIVER, "pool": dict(pool), "nodeName": node, **body}}
 
     return [obj(counters_name, {"sharedCounters": counter_specs(gpus)}),
