@@ -70,3 +70,20 @@ def test_each_example_is_valid_and_asks_our_classes(path: Path) -> None:
         for request in spec["devices"]["requests"]:
             asks = [request["exactly"]] if "exactly" in request else request["firstAvailable"]
             assert {a["deviceClassName"] for a in asks} <= {"gpu.gpushare.io", "whole.gpu.gpushare.io"}
+
+
+def test_the_install_overlay_of_docs_dra_md_renders_with_the_limit_set(tmp_path: Path) -> None:
+    """The overlay docs/dra.md shows: both components, and the patch that sets the largest GPU memory."""
+    docs = (DEPLOY.parent / "docs" / "dra.md").read_text()
+    shown = docs[docs.index("## Install"):]
+    shown = shown[shown.index("```yaml\n") + 8:shown.index("```\n", shown.index("```yaml\n"))]
+    mine = tmp_path / "overlay"
+    mine.mkdir()
+    rel = os.path.relpath(DEPLOY.parent, mine)
+    (mine / "kustomization.yaml").write_text(shown.replace("../gpushare", rel))
+    objects = [d for d in yaml.safe_load_all(render_text(mine)) if d]
+    keys = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("DeviceClass", "gpu.gpushare.io"), ("DaemonSet", "gpushare-dra-plugin"),
+            ("DaemonSet", "gpushare-devplugin")} <= keys
+    (limits,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpushare-dra-limits"]
+    assert limits["data"] == {"largestGpuMemory": "80Gi"}
