@@ -2,19 +2,28 @@
 `devplugin dra` publishes (node-a: two 15 GiB GPUs; node-b: one, failed with XID 48, so tainted) and the
 ResourceClaims as the real kube-scheduler 1.36 allocated them (train 4Gi / 30; infer asked 1000Mi / 33 and was
 rounded up to 1Gi / 35; shared 2Gi / 10 reserved for two pods; exclusive a whole GPU; too-big 20Gi fits no GPU).
-Per GPU: the claims on it with their pods, consumed capacity and shareID, and total / allocated / free."""
+Per GPU: the claims on it with their pods, consumed capacity and shareID, and total / allocated / free. The
+command shows the DRA part after the device-plugin view, leaves that view as it was on a cluster without DRA,
+and says on stderr when the account may not read the DRA objects."""
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes.client.rest import ApiException
 
+from devplugin.inspect import dra_read
+from devplugin.inspect.cli import main
 from devplugin.inspect.dra_layout import render_dra_text
 from devplugin.inspect.dra_report import ClaimOnGpu, DraReport, build_dra_report
+from devplugin_sim.fake_apiserver import FakeApiserver
+from tests.scheduler_objects import node
 
 RECORDED = json.loads((Path(__file__).parent / "dra" / "recorded" / "two-nodes.json").read_text())
 GiB = 1 << 30
@@ -167,3 +176,50 @@ def test_hostile_or_broken_objects_never_break_the_report(which: int, path: list
     for n in r.nodes:
         for g in n.gpus:
             assert g.memAllocated + g.memFree == g.memTotal and g.coreAllocated + g.coreFree == g.coreTotal
+
+
+# --- the command: the DRA part beside the device-plugin view (fake apiserver for nodes and pods) ---------------
+
+@pytest.fixture()
+def dp_cluster() -> Iterator[FakeApiserver]:
+    """One device-plugin node with a pod (the fake apiserver serves no resource.k8s.io: a cluster before DRA)."""
+    with FakeApiserver() as api:
+        n = node("gpu-a", gpus=1, units=16, mode="core_mem")
+        api.add_node("gpu-a", labels=n["metadata"]["labels"], annotations=n["metadata"]["annotations"])
+        yield api
+
+
+def _inspect(api: FakeApiserver, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
+    assert main([*args, "--no-use", "--kubeconfig", api.kubeconfig_path]) == 0
+    out, err = capsys.readouterr()
+    return out, err
+
+
+def test_without_dra_the_view_is_the_device_plugin_one_alone(dp_cluster: FakeApiserver,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out, err = _inspect(dp_cluster, capsys)
+    assert "DRA" not in out and err == "" and out.startswith("gpu-a  ")
+    assert "dra" not in json.loads(_inspect(dp_cluster, capsys, "-o", "json")[0])
+
+
+def test_a_cluster_with_both_modes_shows_both(dp_cluster: FakeApiserver, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    alone, _ = _inspect(dp_cluster, capsys)
+    monkeypatch.setattr(dra_read, "read_dra", lambda api, node="": dra_read.DraObjects(
+        RECORDED["slices"], RECORDED["claims"], "80Gi", True))
+    out, err = _inspect(dp_cluster, capsys)
+    assert err == "" and out == alone + "\n" + render_dra_text(report(limit="80Gi"))
+    doc = json.loads(_inspect(dp_cluster, capsys, "-o", "json")[0])
+    assert doc["nodes"][0]["name"] == "gpu-a" and doc["dra"] == report(limit="80Gi").to_json()
+
+
+def test_dra_objects_the_account_may_not_read_are_said_on_stderr(dp_cluster: FakeApiserver,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    alone, _ = _inspect(dp_cluster, capsys)
+
+    def forbidden(api: object, node: str = "") -> dra_read.DraObjects:
+        raise ApiException(status=403, reason="Forbidden")
+    monkeypatch.setattr(dra_read, "read_dra", forbidden)
+    out, err = _inspect(dp_cluster, capsys)
+    assert (out, err) == (alone, "inspect: DRA claims not shown: the apiserver answered 403: Forbidden\n")
