@@ -2,7 +2,7 @@
 (1.36, e2e/bin), called over its sockets as the kubelet's plugin watcher and DRA manager call it: it publishes
 nothing until the node is labelled for DRA, then the node's slices; it prepares the claim the scheduler allocated
 (limits and CDI spec), answers the same after SIGKILL and a restart, unprepares; an XID taints the GPU; leaving
-DRA mode deletes the slices once nothing is prepared."""
+DRA mode deletes the slices once nothing is prepared, and a start out of DRA mode removes an earlier run's."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ from devplugin.api.dra.v1 import api_pb2 as dra_pb2
 from devplugin.api.dra.v1 import api_pb2_grpc as dra_grpc
 from devplugin.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from devplugin.dra.publisher import SlicePublisher
+from devplugin.dra.slices import build_slices
+from devplugin.gpu.facts import GpuFacts
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU
+from tests.dra.objects import GPUS
 from tests.dra.realk8s_dra import DraCluster, add_node, dra_cluster, pod_with_claims, share_claim, wait_for
 from tests.realk8s.processes import free_port
 
@@ -119,12 +123,16 @@ def test_the_plugin_process_serves_a_claim_end_to_end(cluster: DraCluster) -> No
                     compute_capability=(8, 0)) for i in range(2)]
     driver = FakeDriver.create(root / "driver", gpus)
     add_node(dc, NODE)
+    # slices an earlier run left, published while the node was in DRA mode
+    assert SlicePublisher(dc.client, NODE, lambda gen: build_slices(NODE, GPUS, GpuFacts({}, ""), {}, gen)).sync()
+    assert len(slices(dc)) == 2
     plugin = Plugin(root, dc.api.kubeconfig, driver)
     plugin.start()
     try:
         code, why = wait_for(lambda: (lambda r: r if "labels are not known" not in r[1] and r[0] else None)(
             plugin.readyz()), "the node's labels read")
         assert code == 503 and "no label gpushare.io/allocation" in why and "gpushare.io/allocation=dra" in why
+        wait_for(lambda: slices(dc) == {}, "the earlier run's slices removed on a node out of DRA mode")
         time.sleep(1.5)  # one resync period: still nothing published on an unlabelled node
         assert slices(dc) == {}
 

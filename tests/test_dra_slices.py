@@ -126,3 +126,9 @@ def test_the_node_owns_its_slices_once_its_uid_is_known() -> None:
     for obj in build_slices(NODE, GPUS, FACTS, {}, 1, node_uid="u-1"):
         assert obj["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u-1", "controller": True}]
+
+
+def test_a_node_with_nothing_to_offer_publishes_an_empty_devices_slice_alone() -> None:
+    (only,) = build_slices(NODE, [gpu(0, memory=100 * MiB)], FACTS, {}, 4)
+    assert only["metadata"]["name"] == f"{NODE}-gpushare-devices" and only["spec"]["devices"] == []
+    assert only["spec"]["pool"] == {"name": NODE, "generation": 4, "resourceSliceCount": 1}

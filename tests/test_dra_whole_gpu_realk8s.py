@@ -144,3 +144,17 @@ def test_slices_deleted_by_someone_are_recreated_with_a_new_generation(cluster: 
     obj = dc.resource.read_resource_slice("n-del-gpushare-devices")
     assert obj.spec.pool.generation == first + 1 and obj.spec.driver == contract.DRA_DRIVER
     assert pub.sync() and pub.generation == first + 1, "nothing changed: no new write"
+
+
+def test_a_node_whose_gpus_are_gone_publishes_an_empty_pool(cluster: DraCluster) -> None:
+    dc = cluster
+    offered = gpus("n-gone", 1)
+    add_node(dc, "n-gone")
+    pub = SlicePublisher(dc.client, "n-gone", lambda gen: build_slices("n-gone", offered, FACTS, {}, gen))
+    assert pub.sync(), pub.last_error
+    offered.clear()
+    assert pub.sync(), pub.last_error
+    names = [s.metadata.name for s in dc.resource.list_resource_slice(field_selector="spec.nodeName=n-gone").items]
+    assert names == ["n-gone-gpushare-devices"]
+    obj = dc.resource.read_resource_slice("n-gone-gpushare-devices")
+    assert obj.spec.devices in (None, []) and obj.spec.pool.resource_slice_count == 1

@@ -59,6 +59,7 @@ class DraPlugin:
         self.preparer.serving = self.serving
         self._publishing = False
         self._said = "\0"  # the last reason logged, so that apply_mode() can run often
+        self._swept = False  # slices of an earlier run removed on a node out of DRA mode
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 
@@ -92,6 +93,11 @@ class DraPlugin:
                 self._publishing = False
             elif why and said != why:
                 log.warning("%s: publishing nothing", why, extra={"fields": {"node": self.node}})
+                if self.labels() is not None and not self.preparer.held() and not self._swept:
+                    # Slices an earlier run left (the label was removed while the plugin was down) would draw claims
+                    # this node now refuses.
+                    self._swept = True
+                    self.publisher.delete()
 
     # ---- registration -------------------------------------------------------------------------------------
 

@@ -95,8 +95,9 @@ class SlicePublisher:
         wanted = self.desired(self.generation)
         content = _content(wanted)
         gens = [int(obj.get("spec", {}).get("pool", {}).get("generation", 0)) for obj in current.values() if obj]
-        stale = [name for name, obj in current.items()
-                 if obj is None or obj["metadata"].get("resourceVersion") != self._versions.get(name)]
+        wanted_names = {obj["metadata"]["name"] for obj in wanted}  # type: ignore[index]
+        stale = [name for name, obj in current.items() if (name in wanted_names) != (obj is not None) or (
+                 obj is not None and obj["metadata"].get("resourceVersion") != self._versions.get(name))]
         if content == self._written and not stale:
             self.published.set()
             self.last_error = ""
@@ -113,6 +114,10 @@ class SlicePublisher:
                 obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]  # type: ignore[index]
                 done = self.api.replace_resource_slice(name, obj, _preload_content=False, _request_timeout=10)
             self._versions[name] = json.loads(done.data)["metadata"]["resourceVersion"]
+        for name, old in current.items():
+            if old is not None and name not in wanted_names:  # a slice this offer no longer has
+                self.api.delete_resource_slice(name, _request_timeout=10)
+                self._versions.pop(name, None)
         self._written = content
         self.published.set()
         self.last_error = ""
@@ -120,19 +125,25 @@ class SlicePublisher:
                  extra={"fields": {"node": self.node, "pool": self.node, "generation": self.generation}})
         return True
 
-    def delete(self) -> None:
-        """Remove this node's slices (the node left DRA mode)."""
+    def delete(self) -> int:
+        """Remove this node's slices (the node left DRA mode); how many there were."""
+        deleted = 0
         with self._lock:
             for name in slice_names(self.node):
                 try:
                     self.api.delete_resource_slice(name, _request_timeout=10)
+                    deleted += 1
                 except ApiException as exc:
                     if exc.status != 404:
-                        log.warning("cannot delete ResourceSlice %s: %s", name, exc.reason,
+                        log.warning("cannot delete ResourceSlice %s: %s", name, _why(exc),
                                     extra={"fields": {"node": self.node}})
+                except (HTTPError, OSError) as exc:
+                    log.warning("cannot delete ResourceSlice %s: %s", name, exc, extra={"fields": {"node": self.node}})
             self._written, self._versions = "", {}
             self.published.clear()
-        log.info("deleted this node's ResourceSlices", extra={"fields": {"node": self.node}})
+        if deleted:
+            log.info("deleted this node's %d ResourceSlices", deleted, extra={"fields": {"node": self.node}})
+        return deleted
 
     def poke(self) -> None:
         self._wake.set()

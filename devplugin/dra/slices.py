@@ -135,9 +135,10 @@ def device_specs(gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Mapping[str, s
 
 
 def counter_specs(gpus: Sequence[GPU]) -> list[dict[str, object]]:
+    """The shared counter set, or [] when no GPU offers anything."""
     counters = {counter_name(g): {"value": "1"} for g in sorted(gpus, key=lambda g: g.index)
                 if memory_offered(g.memory_bytes)}
-    return [{"name": COUNTER_SET, "counters": counters}]
+    return [{"name": COUNTER_SET, "counters": counters}] if counters else []
 
 
 def build_slices(node: str, gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Mapping[str, str],
@@ -148,7 +149,9 @@ def build_slices(node: str, gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Map
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"{len(gpus)} GPUs: a DRA pool of this driver describes at most {MAX_GPUS}")
     counters_name, devices_name = slice_names(node)
-    pool = {"name": node, "generation": generation, "resourceSliceCount": SLICE_COUNT}
+    counters = counter_specs(gpus)
+    # A node without a GPU to offer publishes an empty devices slice alone (a counter set needs a counter).
+    pool = {"name": node, "generation": generation, "resourceSliceCount": SLICE_COUNT if counters else 1}
 
     def obj(name: str, body: dict[str, object]) -> dict[str, object]:
         meta: dict[str, object] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpushare-dra"}}
@@ -158,5 +161,5 @@ def build_slices(node: str, gpus: Sequence[GPU], facts: GpuFacts, unhealthy: Map
         return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
                 "spec": {"driver": contract.DRA_DRIVER, "pool": dict(pool), "nodeName": node, **body}}
 
-    return [obj(counters_name, {"sharedCounters": counter_specs(gpus)}),
-            obj(devices_name, {"devices": device_specs(gpus, facts, unhealthy)})]
+    devices = obj(devices_name, {"devices": device_specs(gpus, facts, unhealthy)})
+    return [obj(counters_name, {"sharedCounters": counters}), devices] if counters else [devices]
