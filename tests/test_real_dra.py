@@ -238,3 +238,40 @@ def test_shares_pack_three_per_gpu_by_compute_and_the_next_stays_pending(dra_clu
         held = node.claims()
         assert sorted(u for h in held for u in h["podUIDs"]) == sorted(on_node)
         assert len({(d["device"], d["shareID"]) for h in held for d in h["devices"]}) == len(on_node)
+
+
+def test_plugin_sigkilled_and_restarted_loses_nothing(dra_cluster: DraCluster, dra_ns: str) -> None:
+    """`devplugin dra` SIGKILLed with claims prepared and started again: the node's DRA manager still holds them,
+    the plugin re-registers through the plugin watcher, the claims prepared before the kill are unprepared through
+    the new process (spec files gone), and new claims are prepared by it."""
+    c = dra_cluster
+    node = c.nodes[0]
+    c.create_resource("resourceclaimtemplates", claim_template("share", "1Gi", "20"), dra_ns)
+    pin = {"kubernetes.io/hostname": node.name}  # through the scheduler: it allocates the claims
+    for name in ("a", "b"):
+        body = pod_with_claim(name, "share")
+        body["spec"]["nodeSelector"].update(pin)
+        c.core.create_namespaced_pod(dra_ns, body)
+    uids = {running_pod(c, dra_ns, n).metadata.uid for n in ("a", "b")}
+    held = node.claims()
+    assert {u for h in held for u in h["podUIDs"]} == uids
+    specs = {h["uid"]: node.cdi_dir / f"gpushare.io-gpu_{h['uid']}.json" for h in held}
+    assert all(p.exists() for p in specs.values())
+
+    node.plugin.kill()
+    node.plugin.start()
+    c.wait_plugin(node)
+    assert node.claims() == held
+
+    body = pod_with_claim("after", "share")
+    body["spec"]["nodeSelector"].update(pin)
+    c.core.create_namespaced_pod(dra_ns, body)
+    after = running_pod(c, dra_ns, "after")
+    (bpod,) = [p for p in node.books()["pods"] if p["uid"] == after.metadata.uid]
+    assert bpod["containers"][0]["cdi"]["injected"]["env"]["CUDA_DEVICE_SM_LIMIT"] == "20"
+
+    for name in ("a", "b", "after"):
+        c.core.delete_namespaced_pod(name, dra_ns)
+    c.wait(lambda: not node.claims(), "every claim unprepared through the restarted plugin")
+    assert not [p for p in specs.values() if p.exists()]
+    assert not list(node.cdi_dir.glob("*.json"))
