@@ -3,10 +3,13 @@ device manager, admission and PodResources server.
 
 The agent's command line (keep in step with e2e/cmd/nodeagent/flags.go; a change there lands with this file):
   nodeagent --node-name NAME --root DIR (--kubeconfig FILE | --standalone)
-            [--status-period 10s] [--cpu 64] [--memory 256Gi] [--pods 110] [--control-addr 127.0.0.1:0] [-v N]
+            [--status-period 10s] [--cpu 64] [--memory 256Gi] [--pods 110] [--control-addr 127.0.0.1:0]
+            [--plugins-registry-dir DIR] [--cdi-dir DIR ...] [-v N]
 It serves <root>/device-plugins/kubelet.sock and <root>/pod-resources/kubelet.sock, and prints one line
 `nodeagent: control listening on http://127.0.0.1:PORT` once both serve (with --kubeconfig it then registers the
-Node and reads its pods, retrying while the apiserver cannot be reached). Control API: GET /healthz, GET /books,
+Node and reads its pods, retrying while the apiserver cannot be reached; it also runs the kubelet's DRA manager and
+plugin watcher on --plugins-registry-dir, default <root>/plugins_registry, and resolves CDI devices from --cdi-dir,
+default <root>/cdi). Control API: GET /healthz, GET /books, GET /claims and GET /drivers/NAME (with --kubeconfig),
 POST /admit (standalone only; a v1.Pod as JSON with metadata.uid) and POST /end ({"uid": ...}).
 """
 

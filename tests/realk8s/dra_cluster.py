@@ -44,6 +44,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from devplugin import contract
 from devplugin_sim.fake_driver import FakeDriver
 from tests.realk8s import kubeconfigs, manifests
 from tests.realk8s.agent import NodeAgent
@@ -61,9 +62,8 @@ COMPONENTS = [REPO / "deploy" / "components" / "dra" / f for f in ("deviceclasse
     REPO / "deploy" / "components" / "dra-node" / f for f in ("rbac.yaml", "slice-policy.yaml", "daemonset.yaml")]
 PLUGIN_SA, PLUGIN_NS = "gpushare-dra-plugin", "kube-system"
 SHARE_CLASS, WHOLE_CLASS = "gpu.gpushare.io", "whole.gpu.gpushare.io"
-DRIVER = "gpu.gpushare.io"
-MODE_LABEL = "gpushare.io/allocation"  # a node runs the device-plugin mode or the DRA mode, never both
-MODE_DRA = "dra"
+DRIVER = contract.DRA_DRIVER
+MODE_LABEL, MODE_DRA = contract.LABEL_ALLOCATION, contract.ALLOCATION_DRA  # a node's mode: device plugin or DRA
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 KCM_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
 
