@@ -235,11 +235,15 @@ def test_dra_renders_the_same_classes_and_policies_as_the_kustomize_component(tm
         apiVersion: kustomize.config.k8s.io/v1beta1
         kind: Kustomization
         resources: [{rel}/overlays/node-only]
-        components: [{rel}/components/dra]
+        components: [{rel}/components/dra, {rel}/components/dra-node]
     """))
     kustomize = by_key(same_cel([d for d in yaml.safe_load_all(render_text(mine)) if d]))
     chart = by_key(same_cel(render("dra.enabled=true")))
     assert set(chart) == set(kustomize)
+    plugin = [k for k in kustomize if "gpushare-dra-plugin" in k[2]]
+    assert len(plugin) == 6, plugin  # the node plugin's DaemonSet, RBAC and slice policy
+    for key in plugin:
+        assert chart[key] == kustomize[key], key
     ours = {("DeviceClass", "", "gpu.gpushare.io"), ("DeviceClass", "", "whole.gpu.gpushare.io"),
             ("ConfigMap", "kube-system", "gpushare-dra-limits")} | {
         (kind, "", name) for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
@@ -255,6 +259,9 @@ def test_dra_renders_the_same_classes_and_policies_as_the_kustomize_component(tm
     assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
     policy = json.dumps(keyed[("ValidatingAdmissionPolicy", "", "gpushare-dra-claim-memory")])
     assert "ConfigMap gpu-system/gpushare-dra-limits" in policy and "kube-system" not in policy
+    own = keyed[("ValidatingAdmissionPolicy", "", "gpushare-dra-plugin-own-slices")]["spec"]["matchConditions"][0]
+    assert own["expression"] == 'request.userInfo.username == "system:serviceaccount:gpu-system:gpushare-dra-plugin"'
+    assert ("DaemonSet", "gpu-system", "gpushare-dra-plugin") in keyed
 
 
 def notes(tmp_path: Path, *sets: str) -> str:
