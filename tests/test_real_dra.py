@@ -7,6 +7,8 @@ claim is unprepared, deallocated and deleted."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -275,3 +277,70 @@ def test_plugin_sigkilled_and_restarted_loses_nothing(dra_cluster: DraCluster, d
     c.wait(lambda: not node.claims(), "every claim unprepared through the restarted plugin")
     assert not [p for p in specs.values() if p.exists()]
     assert not list(node.cdi_dir.glob("*.json"))
+
+
+def overcommit(c: DraCluster, namespaces: list[str]) -> list[str]:
+    """Each GPU's allocated shares (every claim of the namespaces) against its ResourceSlice's capacities: what
+    exceeds them."""
+    offered = {(sl["spec"]["pool"]["name"], d["name"]): {k: parse_quantity(q["value"])
+                                                         for k, q in d["capacity"].items()}
+               for node in c.nodes for sl in c.slices(node.name) for d in sl["spec"].get("devices", [])
+               if "capacity" in d}
+    used: dict[tuple[str, str], dict[str, Any]] = {}
+    for ns in namespaces:
+        for claim in c.resource("resourceclaims", ns):
+            for r in (claim["status"].get("allocation") or {}).get("devices", {}).get("results", []):
+                u = used.setdefault((r["pool"], r["device"]), {})
+                for k, q in (r.get("consumedCapacity") or {}).items():
+                    u[k] = u.get(k, 0) + parse_quantity(q)
+    return [f"{dev} {k}: {v} > {offered[dev][k]}" for dev, u in used.items() for k, v in u.items()
+            if v > offered[dev][k]]
+
+
+def test_seeded_churn_never_overcommits_and_the_nodes_hold_exactly_the_running_claims(dra_cluster: DraCluster,
+                                                                                       dra_ns: str) -> None:
+    """Seeded churn of pods with share claims of random sizes (on the policy's steps), created and deleted through
+    the whole chain: no GPU's allocations ever exceed its slice's memory or cores, and once settled each node's
+    DRA manager holds exactly the claims of its Running pods, with one CDI spec each."""
+    c = dra_cluster
+    rng = random.Random(17)
+    sizes = [(m, k) for m in ("1Gi", "2Gi", "4Gi", "8Gi") for k in ("10", "20", "30", "50")]
+    for m, k in sizes:
+        c.create_resource("resourceclaimtemplates", claim_template(f"s-{m.lower()}-{k}", m, k), dra_ns)
+    alive: list[str] = []
+    for op in range(48):
+        if alive and (len(alive) >= 20 or rng.random() < 0.3):
+            name = alive.pop(rng.randrange(len(alive)))
+            c.core.delete_namespaced_pod(name, dra_ns)
+        else:
+            m, k = rng.choice(sizes)
+            name = f"p{op}"
+            c.core.create_namespaced_pod(dra_ns, pod_with_claim(name, f"s-{m.lower()}-{k}"))
+            alive.append(name)
+        if op % 8 == 7:
+            assert overcommit(c, [dra_ns]) == []
+        time.sleep(rng.uniform(0, 0.2))
+
+    def settled() -> list[k8s.V1Pod] | None:
+        pods = c.core.list_namespaced_pod(dra_ns).items
+        if sorted(p.metadata.name for p in pods) != sorted(alive):
+            return None  # deletions still finishing
+        assert not [(p.metadata.name, p.status.message) for p in pods if p.status.phase == "Failed"]
+        unschedulable = [p for p in pods if any(x.type == "PodScheduled" and x.status == "False"
+                                                for x in (p.status.conditions or []))]
+        if len([p for p in pods if p.status.phase == "Running"]) + len(unschedulable) != len(pods):
+            return None
+        run = [p for p in pods if p.status.phase == "Running"]
+        for node in c.nodes:  # pending pods may still be placed as deletions free room: all checks in one pass
+            held = node.claims()
+            specs = sorted(p.name for p in node.cdi_dir.glob("*.json"))
+            on_node = {p.metadata.uid for p in run if p.spec.node_name == node.name}
+            if ({u for h in held for u in h["podUIDs"]} != on_node
+                    or specs != sorted(f"gpushare.io-gpu_{h['uid']}.json" for h in held)):
+                return None
+        return run
+
+    run = c.wait(settled, "the churn settled: each pod Running or unschedulable, each node holding exactly the "
+                 "claims of its Running pods with one CDI spec each", timeout=120)
+    assert overcommit(c, [dra_ns]) == []
+    print(f"churn: {len(run)} pods Running, {len(alive) - len(run)} unschedulable")
