@@ -121,6 +121,12 @@ bench: all
 	$(PY) bench/shim_overhead.py
 	$(PY) bench/scheduler.py
 
+# Scheduling of GPU shares on the real kube-scheduler: DRA claims against device-plugin requests with the extender,
+# and where shares land on a node (docs/benchmarks.md). Needs e2e/bin (`make e2e-bin`).
+.PHONY: bench-dra
+bench-dra: all
+	$(PY) bench/dra_scheduling.py
+
 # The gRPC C++ toolchain for the compiled admission client (bench/cpp), which bench/admission.py prefers.
 .PHONY: bench-deps
 bench-deps:

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +139,8 @@ class DraCluster:
     api_client: k8s.ApiClient | None = None
     took: float = 0.0
     applied: str = ""  # kubectl apply's output for the project's DRA objects
+    scheduler_port: int = 0
+    _scheduler_flags: tuple[str, ...] = ()  # restart_scheduler's extra flags in use
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> DraCluster:
@@ -204,13 +206,22 @@ class DraCluster:
         cert = pki.issue("kube-scheduler", "system:kube-scheduler")
         kc = kubeconfigs.write(pki.dir / "kube-scheduler.kubeconfig", self.server, pki.ca.cert, "kube-scheduler",
                                cert=cert)
-        port = free_port()
-        sched = self._proc("kube-scheduler", [
+        self.scheduler_port = free_port()
+        self._proc("kube-scheduler", [
             str(BIN / "kube-scheduler"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", "--v=2"])
+            f"--secure-port={self.scheduler_port}", "--v=2"])
+        self.restart_scheduler()
+
+    def restart_scheduler(self, flags: Sequence[str] = ()) -> None:
+        """(Re)start kube-scheduler with its base flags plus `flags` (e.g. `--kube-api-qps=500`)."""
+        sched = self.procs["kube-scheduler"]
+        sched.stop()
+        sched.cmd = [*(c for c in sched.cmd if c not in self._scheduler_flags), *flags]
+        self._scheduler_flags = tuple(flags)
         sched.start()
-        sched.wait_until(lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", None), "healthy", timeout=60)
+        sched.wait_until(lambda: _https_ok(f"https://127.0.0.1:{self.scheduler_port}/healthz", None), "healthy",
+                         timeout=60)
 
     def _start_nodes(self, pki: Pki) -> None:
         assert self.pki is not None
