@@ -5,7 +5,8 @@
    - DRA mode (tests/realk8s/dra_cluster.py: kube-scheduler's DynamicResources plugin, kube-controller-manager's
      resourceclaim controller, node agents with the kubelet's DRA manager, `devplugin dra`): each pod takes its
      share through a ResourceClaimTemplate; kube-scheduler as shipped (client QPS 50, burst 100), then restarted
-     with `--kube-api-qps/--kube-api-burst` raised (--qps);
+     with `--kube-api-qps/--kube-api-burst` raised (--qps), then kube-controller-manager too (as shipped its client
+     has QPS 20, burst 30, and its resourceclaim controller writes twice per pod: the claim, the pod's status);
    - device-plugin mode (tests/realk8s/cluster.py: kube-scheduler with the shipped configuration calling
      `devplugin scheduler`, node agents with the kubelet's device manager, `devplugin serve`): each pod asks
      aliyun.com/gpu-mem (GiB) and aliyun.com/gpu-core.percentage.
@@ -186,10 +187,14 @@ def main() -> int:
                   flush=True)
             if args.only in ("all", "dra"):
                 dra_throughput(cluster, mix, args.timeout, "DRA mode, kube-scheduler as shipped (QPS 50, burst 100)")
-                cluster.restart_scheduler([f"--kube-api-qps={args.qps}", f"--kube-api-burst={2 * args.qps}"])
+                qps = [f"--kube-api-qps={args.qps}", f"--kube-api-burst={2 * args.qps}"]
+                cluster.restart_scheduler(qps)
                 time.sleep(5)  # its informers synced, as in the first run
+                dra_throughput(cluster, mix, args.timeout, f"DRA mode, kube-scheduler {' '.join(qps)}")
+                cluster.restart_controller_manager(qps)
+                time.sleep(5)
                 dra_throughput(cluster, mix, args.timeout,
-                               f"DRA mode, kube-scheduler --kube-api-qps={args.qps} --kube-api-burst={2 * args.qps}")
+                               f"DRA mode, kube-scheduler and kube-controller-manager {' '.join(qps)}")
             if args.only in ("all", "placement"):
                 seq = sizes(args.seed + 1, args.placement_claims)
                 for label in ("binpack", "spread"):

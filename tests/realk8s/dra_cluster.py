@@ -140,7 +140,8 @@ class DraCluster:
     took: float = 0.0
     applied: str = ""  # kubectl apply's output for the project's DRA objects
     scheduler_port: int = 0
-    _scheduler_flags: tuple[str, ...] = ()  # restart_scheduler's extra flags in use
+    controller_manager_port: int = 0
+    _extra_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per component, the restart's flags
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> DraCluster:
@@ -192,7 +193,7 @@ class DraCluster:
         cert = pki.issue("kube-controller-manager", "system:kube-controller-manager")
         kc = kubeconfigs.write(pki.dir / "kube-controller-manager.kubeconfig", self.server, pki.ca.cert,
                                "kube-controller-manager", cert=cert)
-        port = free_port()
+        port = self.controller_manager_port = free_port()
         kcm = self._proc("kube-controller-manager", [
             str(BIN / "kube-controller-manager"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}", "--use-service-account-credentials=true",
@@ -215,13 +216,19 @@ class DraCluster:
 
     def restart_scheduler(self, flags: Sequence[str] = ()) -> None:
         """(Re)start kube-scheduler with its base flags plus `flags` (e.g. `--kube-api-qps=500`)."""
-        sched = self.procs["kube-scheduler"]
-        sched.stop()
-        sched.cmd = [*(c for c in sched.cmd if c not in self._scheduler_flags), *flags]
-        self._scheduler_flags = tuple(flags)
-        sched.start()
-        sched.wait_until(lambda: _https_ok(f"https://127.0.0.1:{self.scheduler_port}/healthz", None), "healthy",
-                         timeout=60)
+        self._restart("kube-scheduler", self.scheduler_port, flags)
+
+    def restart_controller_manager(self, flags: Sequence[str] = ()) -> None:
+        """Restart kube-controller-manager with its base flags plus `flags` (e.g. `--kube-api-qps=500`)."""
+        self._restart("kube-controller-manager", self.controller_manager_port, flags)
+
+    def _restart(self, name: str, port: int, flags: Sequence[str]) -> None:
+        proc = self.procs[name]
+        proc.stop()
+        proc.cmd = [*(c for c in proc.cmd if c not in self._extra_flags.get(name, ())), *flags]
+        self._extra_flags[name] = tuple(flags)
+        proc.start()
+        proc.wait_until(lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", None), "healthy", timeout=90)
 
     def _start_nodes(self, pki: Pki) -> None:
         assert self.pki is not None
