@@ -23,8 +23,47 @@ def _opt(default: _T, help: str, env: str | None = None, choices: tuple[str, ...
     return field(default=default, metadata={"help": help, "env": env, "choices": choices, "maximum": maximum})
 
 
+class Settings:
+    """What every daemon's settings share: env names, XID lists and the checks of choices, floats and XIDs."""
+
+    env_prefix = ENV_PREFIX
+
+    def env_name(self, name: str) -> str:
+        meta = next(f for f in fields(self) if f.name == name).metadata  # type: ignore[arg-type]
+        return meta.get("env") or self.env_prefix + name.upper()
+
+    def xid_set(self, name: str) -> frozenset[int]:
+        value = getattr(self, name)
+        try:
+            return frozenset(int(x) for x in value.replace(" ", "").split(",") if x)
+        except ValueError:
+            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not a comma-separated list of integers "
+                             f"(set by flag or {self.env_name(name)})") from None
+
+    def check_common(self) -> None:
+        """ValueError for a value outside its choices (env values skip argparse's check), a float that is not
+        finite and > 0 (or above its maximum), and an XID in both --ignored-xids and --reset-xids."""
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            choices = f.metadata.get("choices")
+            if choices and value not in choices:
+                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} is not one of "
+                                 f"{', '.join(repr(c) for c in choices)} (set by flag or {self.env_name(f.name)})")
+            if f.type not in ("float", float):
+                continue
+            maximum = f.metadata.get("maximum")
+            bound = f" and at most {maximum:g}" if maximum is not None else ""
+            if not (math.isfinite(value) and value > 0 and (maximum is None or value <= maximum)):
+                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} must be a finite number greater than 0"
+                                 f"{bound} (set by flag or {self.env_name(f.name)})")
+        both = self.xid_set("ignored_xids") & self.xid_set("reset_xids")
+        if both:
+            raise ValueError(f"XID {','.join(map(str, sorted(both)))} is in both --ignored-xids and --reset-xids "
+                             f"({self.env_name('ignored_xids')}, {self.env_name('reset_xids')}): remove it from one")
+
+
 @dataclass
-class Config:
+class Config(Settings):
     node_name: str = _opt("", "this node's name, to read its labels from the apiserver", env="NODE_NAME")
     mode: str = _opt(
         "", "node mode used when the label ack.node.gpu.schedule cannot be read: core_mem (gpu-mem, "
@@ -74,54 +113,22 @@ class Config:
     log_format: str = _opt("text", "log format", choices=("text", "json"))
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
-    def env_name(self, name: str) -> str:
-        meta = next(f for f in fields(self) if f.name == name).metadata
-        return meta.get("env") or ENV_PREFIX + name.upper()
-
     def unit(self) -> MemUnit:
         return parse_mem_unit(self.mem_unit)
 
-    def _xid_set(self, name: str) -> frozenset[int]:
-        value = getattr(self, name)
-        try:
-            return frozenset(int(x) for x in value.replace(" ", "").split(",") if x)
-        except ValueError:
-            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not a comma-separated list of integers "
-                             f"(set by flag or {self.env_name(name)})") from None
-
     def ignored_xid_set(self) -> frozenset[int]:
-        return self._xid_set("ignored_xids")
+        return self.xid_set("ignored_xids")
 
     def reset_xid_set(self) -> frozenset[int]:
-        return self._xid_set("reset_xids")
-
-    def _check_floats(self) -> None:
-        for f in fields(self):
-            if f.type not in ("float", float):
-                continue
-            value = getattr(self, f.name)
-            maximum = f.metadata.get("maximum")
-            bound = f" and at most {maximum:g}" if maximum is not None else ""
-            if not (math.isfinite(value) and value > 0 and (maximum is None or value <= maximum)):
-                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} must be a finite number greater than 0"
-                                 f"{bound} (set by flag or {self.env_name(f.name)})")
+        return self.xid_set("reset_xids")
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that is wrong and how to fix it (env values skip argparse's
         choices check, so choices are checked here too)."""
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise ValueError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)!r} is not one of "
-                                 f"{', '.join(repr(c) for c in choices)} (set by flag or {self.env_name(f.name)})")
+        self.check_common()
         self.unit()
-        both = self.ignored_xid_set() & self.reset_xid_set()
-        if both:
-            raise ValueError(f"XID {','.join(map(str, sorted(both)))} is in both --ignored-xids and --reset-xids "
-                             f"({self.env_name('ignored_xids')}, {self.env_name('reset_xids')}): remove it from one")
         if not self.resource_domain or "/" in self.resource_domain:
             raise ValueError(f"--resource-domain {self.resource_domain!r} must be a DNS domain like aliyun.com")
-        self._check_floats()
         if not self.state_dir:
             raise ValueError(f"--state-dir must name a directory (set by flag or {self.env_name('state_dir')})")
 

@@ -121,8 +121,8 @@ def run(cfg: DraConfig) -> int:
             publisher.poke()
         return changed
 
-    health = HealthWatcher(gpus, on_change=health_changed, ignored_xids=cfg.xids("ignored_xids"),
-                           recovery_seconds=cfg.recovery_seconds, reset_xids=cfg.xids("reset_xids"),
+    health = HealthWatcher(gpus, on_change=health_changed, ignored_xids=cfg.xid_set("ignored_xids"),
+                           recovery_seconds=cfg.recovery_seconds, reset_xids=cfg.xid_set("reset_xids"),
                            store=HealthStore(Path(cfg.state_dir)))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

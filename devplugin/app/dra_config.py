@@ -4,18 +4,19 @@ NODE_NAME for the node)."""
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass, fields
 
 from devplugin import contract
-from devplugin.app.config import _opt
+from devplugin.app.config import Settings, _opt
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_DRA_"
 
 
 @dataclass
-class DraConfig:
+class DraConfig(Settings):
+    env_prefix = ENV_PREFIX
+
     node_name: str = _opt("", "this node's name: the ResourceSlices' pool and nodeName, and the node whose label "
                           f"{contract.LABEL_ALLOCATION}={contract.ALLOCATION_DRA} turns DRA on", env="NODE_NAME")
     kubeconfig: str = _opt("", "kubeconfig for the apiserver (empty: in-cluster config, then ~/.kube/config)")
@@ -42,36 +43,12 @@ class DraConfig:
     log_format: str = _opt("text", "log format", choices=("text", "json"))
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
-    def env_name(self, name: str) -> str:
-        meta = next(f for f in fields(self) if f.name == name).metadata
-        return meta.get("env") or ENV_PREFIX + name.upper()
-
-    def xids(self, name: str) -> frozenset[int]:
-        value = getattr(self, name)
-        try:
-            return frozenset(int(x) for x in value.replace(" ", "").split(",") if x)
-        except ValueError:
-            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not a comma-separated list of integers "
-                             f"(set by flag or {self.env_name(name)})") from None
-
     def validate(self) -> None:
         """ValueError naming the setting that is wrong and how to fix it."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            choices = f.metadata.get("choices")
-            if choices and value not in choices:
-                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} is not one of "
-                                 f"{', '.join(repr(c) for c in choices)} (set by flag or {self.env_name(f.name)})")
-            maximum = f.metadata.get("maximum")
-            if f.type in ("float", float) and not (math.isfinite(value) and 0 < value <= (maximum or math.inf)):
-                raise ValueError(f"--{f.name.replace('_', '-')} {value!r} must be a finite number greater than 0 and "
-                                 f"at most {maximum:g} (set by flag or {self.env_name(f.name)})")
+        self.check_common()
         if not self.node_name:
             raise ValueError("no node name: set NODE_NAME from the downward API (spec.nodeName) or --node-name; the "
                              "ResourceSlices are this node's")
-        both = self.xids("ignored_xids") & self.xids("reset_xids")
-        if both:
-            raise ValueError(f"XID {','.join(map(str, sorted(both)))} is in both --ignored-xids and --reset-xids")
         for name in ("plugins_registry_dir", "plugin_dir", "cdi_dir", "state_dir", "shim_state_dir"):
             if not getattr(self, name):
                 raise ValueError(f"--{name.replace('_', '-')} must name a directory")

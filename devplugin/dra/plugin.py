@@ -18,7 +18,7 @@ from devplugin import contract
 from devplugin.dra.prepare import Preparer
 from devplugin.dra.publisher import SlicePublisher
 from devplugin.dra.servicer import DraServicer, RegistrationServicer, add_dra, add_registration
-from devplugin.dra.sockets import SocketServer
+from devplugin.socket_server import SocketServer
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,14 @@ AddServicer = Callable[[grpc.Server], None]
 class SocketServer:
     """Serves what `add` puts on a server at `path`; restartable."""
 
-    def __init__(self, path: Path, add: AddServicer, name: str, workers: int = 8) -> None:
+    def __init__(self, path: Path, add: AddServicer, name: str, workers: int = 8,
+                 fields: dict[str, str] | None = None, grace_s: float = 0.5) -> None:
         self.path = Path(path)
         self.add = add
         self.name = name
         self.workers = workers
+        self.fields = fields or {}  # what the log lines name besides the socket (a resource, a driver)
+        self.grace_s = grace_s
         self._server: grpc.Server | None = None
         self._inode: int | None = None
         self.starts = 0  # how many times a socket was made (a re-registration makes a new one)
@@ -39,17 +42,18 @@ class SocketServer:
         self._server = server
         self._inode = os.stat(self.path).st_ino
         self.starts += 1
-        log.info("serving %s on %s", self.name, self.path, extra={"fields": {"socket": str(self.path)}})
+        log.info("serving %s on %s", self.name, self.path,
+                 extra={"fields": {**self.fields, "socket": str(self.path)}})
         return self
 
     def serving(self) -> bool:
         """True while our socket file is in place."""
         return self._server is not None and self._socket_is_ours()
 
-    def stop(self, grace_s: float = 0.5) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
         if self._server is None:
             return
-        self._server.stop(grace_s).wait()
+        self._server.stop(self.grace_s if grace_s is None else grace_s).wait()
         self._server = None
         if self._socket_is_ours():
             self.path.unlink()
