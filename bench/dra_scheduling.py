@@ -6,7 +6,8 @@
      resourceclaim controller, node agents with the kubelet's DRA manager, `devplugin dra`): each pod takes its
      share through a ResourceClaimTemplate; kube-scheduler as shipped (client QPS 50, burst 100), then restarted
      with `--kube-api-qps/--kube-api-burst` raised (--qps), then kube-controller-manager too (as shipped its client
-     has QPS 20, burst 30, and its resourceclaim controller writes twice per pod: the claim, the pod's status);
+     has QPS 20, burst 30, and its resourceclaim controller writes twice per pod: the claim, the pod's status),
+     then kube-scheduler back to its shipped QPS with kube-controller-manager's raised (the scheduler's own cap);
    - device-plugin mode (tests/realk8s/cluster.py: kube-scheduler with the shipped configuration calling
      `devplugin scheduler`, node agents with the kubelet's device manager, `devplugin serve`): each pod asks
      aliyun.com/gpu-mem (GiB) and aliyun.com/gpu-core.percentage.
@@ -195,6 +196,10 @@ def main() -> int:
                 time.sleep(5)
                 dra_throughput(cluster, mix, args.timeout,
                                f"DRA mode, kube-scheduler and kube-controller-manager {' '.join(qps)}")
+                cluster.restart_scheduler()
+                time.sleep(5)
+                dra_throughput(cluster, mix, args.timeout,
+                               f"DRA mode, kube-scheduler as shipped, kube-controller-manager {' '.join(qps)}")
             if args.only in ("all", "placement"):
                 seq = sizes(args.seed + 1, args.placement_claims)
                 for label in ("binpack", "spread"):
