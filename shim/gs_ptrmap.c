@@ -1,7 +1,35 @@
 /* Pointer map: linear probing with backward-shift deletion (no tombstones), grown at half full. */
 #include "gs_ptrmap.h"
 
+#include <sched.h>
 #include <stdlib.h>
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spin briefly, then yield: the holder may be off the CPU (or growing the map). */
+static void lock(struct gs_ptrmap *m)
+{
+    for (unsigned spins = 0; __atomic_exchange_n(&m->lock, 1, __ATOMIC_ACQUIRE);) {
+        while (__atomic_load_n(&m->lock, __ATOMIC_RELAXED)) {
+            if (++spins < 128)
+                cpu_relax();
+            else
+                sched_yield();
+        }
+    }
+}
+
+static void unlock(struct gs_ptrmap *m)
+{
+    __atomic_store_n(&m->lock, 0, __ATOMIC_RELEASE);
+}
 
 static size_t home(uint64_t key, size_t cap)
 {
@@ -31,7 +59,7 @@ static int grow(struct gs_ptrmap *m)
 int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev)
 {
     int rc = 0;
-    pthread_mutex_lock(&m->lock);
+    lock(m);
     if ((m->count + 1) * 2 > m->cap && grow(m)) {
         rc = -1;
     } else {
@@ -42,7 +70,7 @@ int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev)
             m->count++;
         m->slots[i] = (struct gs_ptr_entry){key, bytes, dev};
     }
-    pthread_mutex_unlock(&m->lock);
+    unlock(m);
     return rc;
 }
 
@@ -51,7 +79,7 @@ int gs_ptrmap_take(struct gs_ptrmap *m, uint64_t key, struct gs_ptr_entry *out)
     if (!__atomic_load_n(&m->count, __ATOMIC_RELAXED))
         return 0;
     int found = 0;
-    pthread_mutex_lock(&m->lock);
+    lock(m);
     if (m->cap) {
         size_t mask = m->cap - 1, i = home(key, m->cap);
         while (m->slots[i].key && m->slots[i].key != key)
@@ -70,13 +98,13 @@ int gs_ptrmap_take(struct gs_ptrmap *m, uint64_t key, struct gs_ptr_entry *out)
             m->slots[hole].key = 0;
         }
     }
-    pthread_mutex_unlock(&m->lock);
+    unlock(m);
     return found;
 }
 
 void gs_ptrmap_reset(struct gs_ptrmap *m)
 {
-    pthread_mutex_init(&m->lock, NULL);
+    m->lock = 0;
     free(m->slots);
     m->slots = NULL;
     m->cap = m->count = 0;

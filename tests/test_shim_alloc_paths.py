@@ -127,6 +127,18 @@ def test_a_stream_ordered_free_on_a_finished_stream_gives_back_at_once(node):
     assert used_in_view(steps[4]) == 0
 
 
+def test_a_stream_that_finished_and_gets_more_work_holds_the_next_free_back(node):
+    # The first free finds the stream done and gives back at once; then 0.6 s of kernels are queued, and the next
+    # free must wait for them: a stream seen finished once is not taken as finished for good.
+    env = node.env(CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CUDA_NS_PER_BLOCK=1000, FAKE_CUDA_QUEUE_US=5_000_000)
+    steps = run(env, "init", "ctx", 0, "async", "256m", "free", "meminfo", "launch", 1, 600_000,
+                "async", "512m", "free", "meminfo", "sync", "meminfo")
+    assert [s["rc"] for s in (steps[2], steps[3], steps[6], steps[7])] == [CUDA_SUCCESS] * 4
+    assert used_in_view(steps[4]) == 0
+    assert used_in_view(steps[8]) == 512 * MiB
+    assert used_in_view(steps[10]) == 0
+
+
 def test_without_a_current_context_an_allocation_never_reaches_the_driver(node):
     # Two GPUs, so the shim cannot guess the device: the driver's own error comes back and nothing is allocated.
     result = run_full(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), "init", "ctx", 0, "nocontext", "alloc", "64m",

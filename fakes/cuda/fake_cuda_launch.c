@@ -16,6 +16,9 @@ static uint64_t ns_per_block, queue_ns;
 static int proc_index[FAKE_CUDA_MAX_DEVICES]; /* this process's procs[] entry per CUDA ordinal, + 1; 0 = none */
 static uint64_t last_end[FAKE_CUDA_MAX_DEVICES]; /* when this process's queued work ends, per CUDA ordinal */
 static uint64_t proc_mem[FAKE_CUDA_MAX_DEVICES];  /* device memory this process holds, per CUDA ordinal */
+/* A last_end already seen in the past: that work is done for good, so a query needs no clock read until a launch
+ * queues more (the real driver answers cuStreamQuery from a completion counter in memory, not a clock). */
+static uint64_t done_through[FAKE_CUDA_MAX_DEVICES];
 
 static void publish_mem(int dev)
 {
@@ -93,8 +96,15 @@ static CUresult run_kernel(uint64_t blocks)
 
 int fake_sim_busy(int dev)
 {
-    return dev >= 0 && dev < fake_device_count &&
-           __atomic_load_n(&last_end[dev], __ATOMIC_ACQUIRE) > fake_tl_now_ns();
+    if (dev < 0 || dev >= fake_device_count)
+        return 0;
+    uint64_t end = __atomic_load_n(&last_end[dev], __ATOMIC_ACQUIRE);
+    if (end <= __atomic_load_n(&done_through[dev], __ATOMIC_ACQUIRE))
+        return 0;
+    if (end > fake_tl_now_ns())
+        return 1;
+    __atomic_store_n(&done_through[dev], end, __ATOMIC_RELEASE); /* a racing store of an older end costs a clock read */
+    return 0;
 }
 
 void fake_sim_drain(int dev)
@@ -109,6 +119,7 @@ static void child_after_fork(void)
 {
     memset(proc_index, 0, sizeof proc_index);
     memset(last_end, 0, sizeof last_end);
+    memset(done_through, 0, sizeof done_through);
     memset(proc_mem, 0, sizeof proc_mem);
 }
 

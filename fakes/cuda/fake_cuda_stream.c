@@ -120,12 +120,22 @@ FAKE_EXPORT(cuLaunchHostFunc_ptsz)
  * FAKE_CUDA_CAPTURING=1 every stream says so. */
 int fake_stream_capturing(CUstream s);
 
+/* FAKE_CUDA_CAPTURING is read once: a getenv on every call would make this the slowest call of the fake (the
+ * real driver answers from the stream's state), and the shim asks it on every cuMemFreeAsync. */
+static pthread_once_t capturing_once = PTHREAD_ONCE_INIT;
+static int all_capturing;
+
+static void read_capturing(void)
+{
+    all_capturing = fake_env_u64("FAKE_CUDA_CAPTURING", 0) != 0;
+}
+
 static CUresult is_capturing(CUstream stream, int *status)
 {
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = fake_env_u64("FAKE_CUDA_CAPTURING", 0) || fake_stream_capturing(stream) ? 1
-                                                                                       : CU_STREAM_CAPTURE_STATUS_NONE;
+    pthread_once(&capturing_once, read_capturing);
+    *status = all_capturing || fake_stream_capturing(stream) ? 1 : CU_STREAM_CAPTURE_STATUS_NONE;
     return fake_initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
