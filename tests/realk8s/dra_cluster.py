@@ -289,7 +289,13 @@ class DraCluster:
         kubeconfigs.write(node.root / "plugin.kubeconfig", self.server, self.pki.ca.cert, PLUGIN_SA, token=token)
 
     def wait_plugin(self, node: DraNode, timeout: float = 60) -> None:
-        """Until the node's DRA manager has the driver registered and the node's ResourceSlice is published."""
+        """Until the node's DRA manager has the driver registered and the node's ResourceSlice is published. After
+        a restart the agent may still show the killed process's registration (its socket file outlives it) until
+        the plugin watcher sees the new socket: `devplugin dra` is waited for until the kubelet has told this
+        process, the one started last, that it is registered."""
+        if self.spec.plugin != "stub":
+            since = max(node.plugin.text().rfind("===== start "), 0)
+            node.plugin.wait_for_line(r"the kubelet registered DRA driver", timeout, since=since)
         node.plugin.wait_until(lambda: node.registered() and bool(self.slices(node.name)),
                                f"registered with {node.name}'s DRA manager and its ResourceSlice published",
                                timeout)
