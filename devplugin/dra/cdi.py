@@ -7,14 +7,13 @@ device `gpushare.io/gpu=<claim UID>-<index>`.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from devplugin import contract
 from devplugin.allocation.ports import MountSpec
+from devplugin.atomic_file import write_atomically
 from devplugin.dra.claims import GpuBudget
 
 CDI_VERSION = "0.6.0"
@@ -75,17 +74,7 @@ def build_spec(devices: Sequence[dict[str, object]]) -> dict[str, object]:
 def write_spec(path: Path, spec: dict[str, object]) -> None:
     """Write atomically (temporary file, fsync, rename): the runtime never reads half a spec."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(spec, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, json.dumps(spec, indent=1), mode=0o644)
 
 
 def remove_spec(path: Path) -> None:

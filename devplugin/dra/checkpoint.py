@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from devplugin.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +72,4 @@ def save(path: Path, claims: dict[str, PreparedClaim]) -> None:
     """Replace the file atomically (temporary file, fsync, rename, fsync of the directory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"version": VERSION, "claims": {uid: asdict(c) for uid, c in sorted(claims.items())}}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomically(path, json.dumps(doc, indent=1), mode=0o600, sync_dir=True)

@@ -20,13 +20,13 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from devplugin import contract
 from devplugin.allocation.ports import MountSpec
+from devplugin.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +80,6 @@ def usage_file_path(paths: ShimPaths, alloc_id: str) -> Path:
     return container_dir(paths, alloc_id) / STATE / Path(contract.CONTAINER_SHARED_CACHE).name
 
 
-def _write_atomically(path: Path, text: str, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def merge_limits(old: contract.Limits, new: contract.Limits) -> contract.Limits:
     """One container's limits from two Allocate calls (gpu-mem, then gpu-core.percentage): per GPU UUID, a value
     the new limits leave at its default (memory 0, sm 100; policy "default") keeps the earlier one."""
@@ -144,7 +130,7 @@ def _write_preload(paths: ShimPaths) -> Path:
             return preload
     except FileNotFoundError:
         pass
-    _write_atomically(preload, text, 0o444)
+    write_atomically(preload, text, 0o444)
     return preload
 
 
@@ -169,7 +155,7 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
             shutil.rmtree(cdir)
     cdir.mkdir(exist_ok=True)
     if owner is not None:
-        _write_atomically(cdir / OWNER, json.dumps(asdict(owner)), 0o444)
+        write_atomically(cdir / OWNER, json.dumps(asdict(owner)), 0o444)
     state = cdir / STATE
     state.mkdir(exist_ok=True)
     os.chmod(state, 0o700)
@@ -177,7 +163,7 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
     limits_path = cdir / LIMITS
     earlier = _read_limits(limits_path)
     merged = merge_limits(earlier, limits) if earlier else limits
-    _write_atomically(limits_path, contract.render_limits(merged), 0o444)
+    write_atomically(limits_path, contract.render_limits(merged), 0o444)
     preload = _write_preload(paths)
     locks = _gpu_locks(paths, [d.uuid for d in limits.devices])
     log.info("shim for container %s: %s", alloc_id,
