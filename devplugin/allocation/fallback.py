@@ -36,7 +36,6 @@ class PairingFallback:
     healthy: Callable[[str], bool]
     refresh: Callable[[], object] | None
     read_kubelet: Callable[[], KubeletListing | None] | None
-    read_pods: Callable[[], frozenset[tuple[str, str]] | None] | None
     on_guess: Callable[[], object]
     lookup: PodLookup | None
     _lock: threading.RLock
@@ -197,10 +196,10 @@ class PairingFallback:
             return dec
         if dec.kubelet_pods is None:
             return dec  # the kubelet could not be asked when it opened: pair by arrival
-        listed = self._listed_pods()
-        if listed is None or listed <= dec.kubelet_pods:
+        listing = self.read_kubelet() if self.read_kubelet is not None else None
+        if listing is None or listing.pods <= dec.kubelet_pods:
             return dec
-        later = sorted(listed - dec.kubelet_pods)[0]
+        later = sorted(listing.pods - dec.kubelet_pods)[0]
         why = f"the kubelet has moved on to pod {later[0]}/{later[1]}"
         if not why:
             return dec
@@ -208,16 +207,6 @@ class PairingFallback:
                  extra={"fields": {"resource": self.node.resource_name(kind), "state_dir": dec.dir_name}})
         self.book.close()
         return None
-
-    def _listed_pods(self) -> frozenset[tuple[str, str]] | None:
-        """The pods the kubelet lists now, no more (None when it cannot be asked): the second half of a container
-        needs only to know whether the kubelet moved on, so its containers' devices are not read nor synced on the
-        admission path (the next container's first call and the periodic sync do that; a container that moved on
-        is synced at once by `_kubelet_pods`)."""
-        if self.read_pods is not None:
-            return self.read_pods()
-        listing = self.read_kubelet() if self.read_kubelet is not None else None
-        return listing.pods if listing is not None else None
 
     def _kubelet_pods(self) -> frozenset[tuple[str, str]] | None:
         """The pods the kubelet lists now, the node view synced with it (None when it cannot be asked)."""

@@ -155,7 +155,7 @@ class Holdings:
         lists is kept however long its answer takes to be recorded (a loaded kubelet): its pod has not ended."""
         gone = []
         for h in list(self._by_holder.values()):
-            unlisted = {kind: set().union(*per_gpu.values()).difference(held.get(kind, ()))
+            unlisted = {kind: {i for ids in per_gpu.values() for i in ids if i not in held.get(kind, ())}
                         for kind, per_gpu in h.ids.items()}
             total = sum(len(ids) for per_gpu in h.ids.values() for ids in per_gpu.values())
             missing = sum(len(v) for v in unlisted.values())
@@ -182,8 +182,7 @@ class Holdings:
 
     def owners(self, ids: Iterable[str]) -> set[str]:
         """Holders of any of these devices."""
-        get = self._owner.get  # on every PodResources read, for every device listed: kept to set operations
-        return set().union(*[get(i, ()) for i in ids])
+        return {h for i in ids for h in self._owner.get(i, ())}
 
     def used(self, kind: Kind, uuid: str) -> int:
         return len(self._use[kind][uuid])
