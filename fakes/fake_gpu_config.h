@@ -4,10 +4,14 @@
  *   # comment
  *   driver_version=550.54.15
  *   cuda_version=12040
+ *   state=/var/lib/fake-gpu/node.conf.state      # optional: the node's state file (default <config>.state)
+ *   driver_socket=/run/fake-gpu/driver.sock      # optional: host pids from the node (fake_gpu_ident.h)
  *   gpu uuid=GPU-0b6a... name="Tesla V100-SXM2-16GB" memory_mib=15360 minor=0 pci=00000000:00:08.0 numa=0 sms=80
  *
- * One `gpu` line per GPU, in NVML index order. Static inline only, so each fake compiles its own copy and both
- * read the same file the same way.
+ * One `gpu` line per GPU, in NVML index order. `slot=N` on a gpu line names the GPU's entry in the state file
+ * (default: its line index), so a container's config can list only its GPUs (index 0..k-1) while each uses the
+ * node's entry of that GPU. Static inline only, so each fake compiles its own copy and both read the same file
+ * the same way.
  */
 #ifndef FAKE_GPU_CONFIG_H
 #define FAKE_GPU_CONFIG_H
@@ -25,6 +29,8 @@
 #define FAKE_GPU_NAME_LEN 96     /* NVML_DEVICE_NAME_V2_BUFFER_SIZE */
 #define FAKE_GPU_BUSID_LEN 32    /* NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE */
 #define FAKE_GPU_VERSION_LEN 80  /* NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE */
+#define FAKE_GPU_PATH_LEN 4096
+#define FAKE_GPU_SOCKET_LEN 108  /* sizeof(sockaddr_un.sun_path) */
 
 struct fake_gpu_info {
     char uuid[FAKE_GPU_UUID_LEN];
@@ -39,6 +45,7 @@ struct fake_gpu_info {
     unsigned sms;                   /* streaming multiprocessors */
     unsigned cc_major, cc_minor;    /* compute capability */
     int events_supported;           /* 0: XID events cannot be registered (NOT_SUPPORTED) */
+    unsigned slot;                  /* its entry in the state file (gpus[], timeline[], procs[].gpu, events) */
     int line;                       /* where it was declared */
 };
 
@@ -47,9 +54,11 @@ struct fake_gpu_config {
     int cuda_version;               /* 1000 * major + 10 * minor, e.g. 12040 */
     unsigned gpu_count;
     struct fake_gpu_info gpus[FAKE_GPU_MAX_GPUS];
+    char state_path[FAKE_GPU_PATH_LEN];      /* state=: the node's state file; "" = <config>.state */
+    char driver_socket[FAKE_GPU_SOCKET_LEN]; /* driver_socket=: "" = identities are this namespace's pids */
 };
 
-#define FAKE_GPU_KEYS "uuid name memory_mib reserved_mib minor pci pci_device_id numa sms cc events"
+#define FAKE_GPU_KEYS "uuid name memory_mib reserved_mib minor pci pci_device_id numa sms cc events slot"
 
 static inline int fake_cfg_fail(char *err, size_t errlen, const char *path, int line, const char *fmt,
                                 const char *a, const char *b)
@@ -187,6 +196,11 @@ static inline int fake_cfg_gpu_key(struct fake_gpu_info *g, const char *key, con
         if (strcmp(val, "0") && strcmp(val, "1"))
             return fake_cfg_fail(err, errlen, path, line, "events must be 1 or 0, got '%s'%s", val, "");
         g->events_supported = val[0] == '1';
+    } else if (!strcmp(key, "slot")) {
+        if (fake_cfg_uint(val, FAKE_GPU_MAX_GPUS - 1, &u))
+            return fake_cfg_fail(err, errlen, path, line, "slot must be 0..15 (the GPU's index in the node's state "
+                                 "file), got '%s'%s", val, "");
+        g->slot = (unsigned)u;
     } else {
         return fake_cfg_fail(err, errlen, path, line, "unknown gpu key '%s' (known: %s)", key, FAKE_GPU_KEYS);
     }
@@ -236,6 +250,7 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
             g->sms = 80;
             g->cc_major = 7, g->cc_minor = 0;
             g->events_supported = 1;
+            g->slot = idx;
             g->line = line;
             p += 3;
             int t;
@@ -290,10 +305,24 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
                 break;
             }
             cfg->cuda_version = (int)v;
+        } else if (!strcmp(key, "state")) {
+            if (val[0] != '/' || strlen(val) >= sizeof cfg->state_path) {
+                rc = fake_cfg_fail(err, errlen, path, line, "state must be an absolute path (the node's state file), "
+                                   "got '%s'%s", val, "");
+                break;
+            }
+            snprintf(cfg->state_path, sizeof cfg->state_path, "%s", val);
+        } else if (!strcmp(key, "driver_socket")) {
+            if (val[0] != '/' || strlen(val) >= sizeof cfg->driver_socket) {
+                rc = fake_cfg_fail(err, errlen, path, line, "driver_socket must be an absolute path of at most 107 "
+                                   "characters (a unix socket), got '%s'%s", val, "");
+                break;
+            }
+            snprintf(cfg->driver_socket, sizeof cfg->driver_socket, "%s", val);
         } else {
             rc = fake_cfg_fail(err, errlen, path, line,
-                               "unknown setting '%s' (expected driver_version=, cuda_version= or a gpu line)%s", key,
-                               "");
+                               "unknown setting '%s' (expected driver_version=, cuda_version=, state=, driver_socket= "
+                               "or a gpu line)%s", key, "");
             break;
         }
         if (fake_cfg_token(&p, &key, &val, err, errlen, path, line) != 0) {
@@ -302,7 +331,30 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
         }
     }
     fclose(f);
+    for (unsigned i = 0; rc == 0 && i < cfg->gpu_count; i++) {
+        for (unsigned j = 0; j < i; j++) {
+            if (cfg->gpus[j].slot == cfg->gpus[i].slot) {
+                char other[32], slot[32];
+                snprintf(other, sizeof other, "%d", cfg->gpus[j].line);
+                snprintf(slot, sizeof slot, "%u", cfg->gpus[i].slot);
+                rc = fake_cfg_fail(err, errlen, path, cfg->gpus[i].line,
+                                   "slot %s is also the slot of the GPU on line %s (each GPU needs its own)", slot,
+                                   other);
+                break;
+            }
+        }
+    }
     return rc;
+}
+
+/* The state file this config uses: state= when given (it must exist: it is the node's), else <config>.state
+ * (created when missing). Returns 1 when the fake may create it, 0 when not, -1 when the path is too long. */
+static inline int fake_gpu_config_state_path(const struct fake_gpu_config *cfg, const char *config_path, char *out,
+                                             size_t len)
+{
+    if (cfg->state_path[0])
+        return (size_t)snprintf(out, len, "%s", cfg->state_path) >= len ? -1 : 0;
+    return (size_t)snprintf(out, len, "%s%s", config_path, FAKE_GPU_STATE_SUFFIX) >= len ? -1 : 1;
 }
 
 #endif /* FAKE_GPU_CONFIG_H */

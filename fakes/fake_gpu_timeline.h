@@ -8,16 +8,19 @@
  * sample for the GPU (nvmlDeviceGetUtilizationRates) and for each process context on it
  * (nvmlDeviceGetProcessUtilization).
  *
- * Locks: one word per GPU timeline and one for procs[] registration, holding the holder's pid; a waiter takes
- * over the lock of a holder that no longer exists. Critical sections are a few hundred nanoseconds.
+ * Identities: a process appears in procs[], spans and lock words under its identity (fake_gpu_ident.h): its host
+ * pid when the config names a driver socket, else its getpid(); liveness is asked the same way.
+ *
+ * Locks: one word per GPU timeline and one for procs[] registration, holding the holder's identity; a waiter
+ * takes over the lock of a holder that no longer exists. Critical sections are a few hundred nanoseconds.
  * Only static inline code lives here, so each fake library compiles its own copy.
  */
 #ifndef FAKE_GPU_TIMELINE_H
 #define FAKE_GPU_TIMELINE_H
 
 #include <sched.h>
-#include <signal.h>
 
+#include "fake_gpu_ident.h"
 #include "fake_gpu_state.h"
 
 #define FAKE_GPU_SAMPLE_MS_DEFAULT 50
@@ -39,10 +42,10 @@ static inline uint64_t fake_tl_realtime_us(void)
 
 static inline int fake_tl_alive(int32_t pid)
 {
-    return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
+    return fake_ident_alive(pid);
 }
 
-/* Take the lock as process `me` (the caller's getpid()). */
+/* Take the lock as process `me` (the caller's identity, fake_ident_self()). */
 static inline void fake_tl_lock_as(uint32_t *word, uint32_t me)
 {
     for (unsigned spins = 0;; spins++) {
@@ -58,9 +61,14 @@ static inline void fake_tl_lock_as(uint32_t *word, uint32_t me)
     }
 }
 
-static inline void fake_tl_lock(uint32_t *word)
+/* Take the lock as this process. -1 when this process has no identity (fake_ident_self() said why). */
+static inline int fake_tl_lock(uint32_t *word)
 {
-    fake_tl_lock_as(word, (uint32_t)getpid());
+    int32_t me = fake_ident_self();
+    if (!me)
+        return -1;
+    fake_tl_lock_as(word, (uint32_t)me);
+    return 0;
 }
 
 static inline void fake_tl_unlock(uint32_t *word)
@@ -126,23 +134,33 @@ static inline void fake_tl_sample(struct fake_gpu_state *s, unsigned gpu, uint64
     t->last_sample_ns = now;
 }
 
-/* Settle and sample GPU `gpu` at the current time (for readers: NVML queries, tests). */
-static inline void fake_tl_update(struct fake_gpu_state *s, unsigned gpu)
+/* Settle and sample GPU `gpu` (a state slot) at the current time (for readers: NVML queries, tests). 0, or -1
+ * when this process has no identity. */
+static inline int fake_tl_update(struct fake_gpu_state *s, unsigned gpu)
 {
     struct fake_gpu_timeline *t = &s->timeline[gpu];
-    fake_tl_lock(&t->lock);
+    if (fake_tl_lock(&t->lock) != 0)
+        return -1;
     uint64_t now = fake_tl_now_ns();
     fake_tl_settle(s, gpu, now);
     fake_tl_sample(s, gpu, now);
     fake_tl_unlock(&t->lock);
+    return 0;
 }
 
-/* The procs[] entry of this process on GPU `gpu`, registered when missing (a context was created). Entries of
- * processes that are gone are freed on the way. -1 when the table is full. */
+#define FAKE_TL_FULL (-1)   /* procs[] is full */
+#define FAKE_TL_NO_ID (-2)  /* this process has no identity (fake_ident_self() said why) */
+
+/* The procs[] entry of this process on GPU `gpu` (a state slot), registered when missing (a context was
+ * created). Entries of processes that are gone are freed on the way. FAKE_TL_FULL or FAKE_TL_NO_ID on failure.
+ * NVML lists the entry under host_pid: the identity itself with a driver socket (a host pid already), else
+ * getpid() + host_pid_offset (a host's view of a pod's processes, without real PID namespaces). */
 static inline int fake_tl_attach(struct fake_gpu_state *s, unsigned gpu)
 {
-    int32_t me = (int32_t)getpid();
-    int found = -1, free_slot = -1;
+    int32_t me = fake_ident_self();
+    if (!me)
+        return FAKE_TL_NO_ID;
+    int found = FAKE_TL_FULL, free_slot = -1;
     fake_tl_lock_as(&s->proc_lock, (uint32_t)me);
     for (int i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         struct fake_gpu_proc *p = &s->procs[i];
@@ -162,7 +180,8 @@ static inline int fake_tl_attach(struct fake_gpu_state *s, unsigned gpu)
         struct fake_gpu_proc *p = &s->procs[free_slot];
         memset((char *)p + offsetof(struct fake_gpu_proc, host_pid), 0,
                sizeof *p - offsetof(struct fake_gpu_proc, host_pid));
-        p->host_pid = (uint32_t)me + __atomic_load_n(&s->host_pid_offset, __ATOMIC_RELAXED);
+        p->host_pid = (uint32_t)me + (fake_ident_uses_socket() ? 0 : __atomic_load_n(&s->host_pid_offset,
+                                                                                        __ATOMIC_RELAXED));
         p->gpu = gpu;
         __atomic_store_n(&p->pid, me, __ATOMIC_RELEASE);
         found = free_slot;
@@ -174,18 +193,18 @@ static inline int fake_tl_attach(struct fake_gpu_state *s, unsigned gpu)
 /* This process's contexts end (it exits). */
 static inline void fake_tl_detach_all(struct fake_gpu_state *s)
 {
-    int32_t me = (int32_t)getpid();
-    for (int i = 0; i < FAKE_GPU_MAX_PROCS; i++)
+    int32_t me = fake_ident_self();
+    for (int i = 0; me && i < FAKE_GPU_MAX_PROCS; i++)
         if (__atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE) == me)
             __atomic_store_n(&s->procs[i].pid, 0, __ATOMIC_RELEASE);
 }
 
-/* Queue work_ns of kernel time for procs[proc] on GPU `gpu`. Returns when the work will end (monotonic ns), or
- * 0 when the GPU's span ring is full (the caller waits and retries, as with a full hardware queue). */
-static inline uint64_t fake_tl_queue(struct fake_gpu_state *s, unsigned gpu, int proc, uint64_t work_ns)
+/* Queue work_ns of kernel time for procs[proc] on GPU `gpu` (a state slot), as process `me` (its identity).
+ * Returns when the work will end (monotonic ns), or 0 when the GPU's span ring is full (the caller waits and
+ * retries, as with a full hardware queue). */
+static inline uint64_t fake_tl_queue(struct fake_gpu_state *s, unsigned gpu, int proc, int32_t me, uint64_t work_ns)
 {
     struct fake_gpu_timeline *t = &s->timeline[gpu];
-    int32_t me = (int32_t)getpid();
     fake_tl_lock_as(&t->lock, (uint32_t)me);
     uint64_t now = fake_tl_now_ns();
     fake_tl_settle(s, gpu, now);

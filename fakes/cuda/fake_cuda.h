@@ -2,8 +2,10 @@
  * call, and NVIDIA's runtime, CuPy and PyTorch need to start and work, over simulated GPUs.
  *
  * Which GPUs exist comes from the fake NVML's config ($FAKE_NVML_CONFIG, fakes/fake_gpu_config.h), so both
- * fakes describe the same node; CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them as the real
- * driver does. Memory is accounted across processes in the shared state file (mem_used_bytes), so NVML and
+ * fakes describe the same node (or container: a config listing only some GPUs, each at its node's state slot);
+ * CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them among the config's GPUs as the real driver does.
+ * With driver_socket= in the config, the process's identity in the shared state is its host pid
+ * (fakes/fake_gpu_ident.h); the runtime's integrity check keeps using getpid(), as the runtime does. Memory is accounted across processes in the shared state file (mem_used_bytes), so NVML and
  * cuMemGetInfo agree. Settings of the simulation (env):
  *   FAKE_CUDA_CONTEXT_MIB       device memory a process's first context on a GPU takes (default 0)
  *   FAKE_CUDA_NS_PER_BLOCK      simulated kernel time per thread block (default 0: kernels take no time)
@@ -48,7 +50,7 @@ struct fake_ctx {
 };
 
 struct fake_device {
-    int config_index; /* the GPU's index in the fake NVML config (= its slot in the state file) */
+    int slot; /* the GPU's entry in the state file (its config line's slot=, by default its line index) */
     struct fake_gpu_info info;
 };
 

@@ -9,6 +9,7 @@
 
 #include "fake_cuda_export.h"
 #include "fake_cuda_mem.h"
+#include "fake_gpu_ident.h"
 
 struct fake_gpu_state *fake_state;
 int fake_initialised;
@@ -46,7 +47,7 @@ static void pick_visible(const struct fake_gpu_config *cfg)
     fake_device_count = 0;
     if (!v) {
         for (unsigned i = 0; i < cfg->gpu_count; i++) {
-            fake_devices[fake_device_count].config_index = (int)i;
+            fake_devices[fake_device_count].slot = (int)cfg->gpus[i].slot;
             fake_devices[fake_device_count++].info = cfg->gpus[i];
         }
         return;
@@ -70,7 +71,7 @@ static void pick_visible(const struct fake_gpu_config *cfg)
         }
         if (found < 0)
             break;
-        fake_devices[fake_device_count].config_index = found;
+        fake_devices[fake_device_count].slot = (int)cfg->gpus[found].slot;
         fake_devices[fake_device_count++].info = cfg->gpus[found];
     }
 }
@@ -90,9 +91,20 @@ static void do_init(void)
         init_result = CUDA_ERROR_NO_DEVICE;
         return;
     }
-    char state_path[4096];
-    snprintf(state_path, sizeof state_path, "%s%s", path, FAKE_GPU_STATE_SUFFIX);
-    fake_state = fake_gpu_state_map(state_path, 1, err, sizeof err);
+    char state_path[FAKE_GPU_PATH_LEN];
+    int create = fake_gpu_config_state_path(&cfg, path, state_path, sizeof state_path);
+    if (create < 0) {
+        fprintf(stderr, "fake libcuda: config path %s is too long\n", path);
+        init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    if (fake_ident_configure("fake libcuda", cfg.driver_socket, err, sizeof err) != 0) {
+        fprintf(stderr, "fake libcuda: %s (driver_socket= in %s): the node's driver is not running here "
+                        "(cuInit: CUDA_ERROR_NO_DEVICE)\n", err, path);
+        init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    fake_state = fake_gpu_state_map(state_path, create, err, sizeof err);
     if (!fake_state) {
         fprintf(stderr, "fake libcuda: %s\n", err);
         init_result = CUDA_ERROR_NO_DEVICE;

@@ -11,9 +11,12 @@
 #include "fake_cuda_api.h"
 #include "fake_gpu_timeline.h"
 
+#define CUDA_ERROR_OPERATING_SYSTEM 304
+
 static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
 static uint64_t ns_per_block, queue_ns;
 static int proc_index[FAKE_CUDA_MAX_DEVICES]; /* this process's procs[] entry per CUDA ordinal, + 1; 0 = none */
+static int attached;                          /* 1 once this process has a procs[] entry */
 static uint64_t last_end[FAKE_CUDA_MAX_DEVICES]; /* when this process's queued work ends, per CUDA ordinal */
 static uint64_t proc_mem[FAKE_CUDA_MAX_DEVICES];  /* device memory this process holds, per CUDA ordinal */
 /* A last_end already seen in the past: that work is done for good, so a query needs no clock read until a launch
@@ -62,11 +65,13 @@ void fake_sim_attach(int dev)
     pthread_once(&sim_once, read_settings);
     if (context_delay_ns)
         sleep_ns(context_delay_ns);
-    int i = fake_tl_attach(fake_state, (unsigned)fake_devices[dev].config_index);
-    if (i < 0)
+    int i = fake_tl_attach(fake_state, (unsigned)fake_devices[dev].slot);
+    if (i == FAKE_TL_FULL)
         fprintf(stderr, "fake libcuda: more than %d processes have contexts; this one is not listed by NVML\n",
                 FAKE_GPU_MAX_PROCS);
-    __atomic_store_n(&proc_index[dev], i + 1, __ATOMIC_RELEASE);
+    if (i >= 0)
+        __atomic_store_n(&attached, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&proc_index[dev], i < 0 ? 0 : i + 1, __ATOMIC_RELEASE);
     publish_mem(dev);
 }
 
@@ -82,10 +87,13 @@ static CUresult run_kernel(uint64_t blocks)
     if (!ns_per_block)
         return CUDA_SUCCESS;
     fake_sim_attach(ctx->device);
-    unsigned gpu = (unsigned)fake_devices[ctx->device].config_index;
+    int32_t me = fake_ident_self();
+    if (!me)
+        return CUDA_ERROR_OPERATING_SYSTEM; /* the driver socket cannot say who this process is (stderr says why) */
+    unsigned gpu = (unsigned)fake_devices[ctx->device].slot;
     uint64_t end;
     while (!(end = fake_tl_queue(fake_state, gpu, __atomic_load_n(&proc_index[ctx->device], __ATOMIC_ACQUIRE) - 1,
-                                 blocks * ns_per_block)))
+                                 me, blocks * ns_per_block)))
         sleep_ns(100000); /* the GPU's queue of spans is full */
     __atomic_store_n(&last_end[ctx->device], end, __ATOMIC_RELEASE);
     uint64_t now = fake_tl_now_ns();
@@ -121,6 +129,7 @@ static void child_after_fork(void)
     memset(last_end, 0, sizeof last_end);
     memset(done_through, 0, sizeof done_through);
     memset(proc_mem, 0, sizeof proc_mem);
+    attached = 0;
 }
 
 FAKE_ON_FORK_CHILD(child_after_fork)
@@ -128,7 +137,7 @@ FAKE_ON_FORK_CHILD(child_after_fork)
 /* A process that ends leaves NVML's process lists. */
 __attribute__((destructor)) static void detach(void)
 {
-    if (fake_state)
+    if (fake_state && __atomic_load_n(&attached, __ATOMIC_RELAXED))
         fake_tl_detach_all(fake_state);
 }
 

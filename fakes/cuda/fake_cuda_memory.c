@@ -143,7 +143,7 @@ CUresult fake_mem_take(int dev, uint64_t bytes)
 {
     const struct fake_gpu_info *g = &fake_devices[dev].info;
     uint64_t cap = g->memory_bytes - g->reserved_bytes;
-    uint64_t *used = &fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes;
+    uint64_t *used = &fake_state->gpus[fake_devices[dev].slot].mem_used_bytes;
     uint64_t cur = __atomic_load_n(used, __ATOMIC_RELAXED);
     do {
         if (bytes > cap || cur > cap - bytes) {
@@ -157,7 +157,7 @@ CUresult fake_mem_take(int dev, uint64_t bytes)
 
 void fake_mem_give(int dev, uint64_t bytes)
 {
-    __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
+    __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].slot].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
     fake_sim_mem(dev, -(int64_t)bytes);
 }
 
@@ -514,7 +514,7 @@ CUresult impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (!free_bytes || !total_bytes)
         return CUDA_ERROR_INVALID_VALUE;
     const struct fake_gpu_info *g = &fake_devices[dev].info;
-    uint64_t used = __atomic_load_n(&fake_state->gpus[fake_devices[dev].config_index].mem_used_bytes,
+    uint64_t used = __atomic_load_n(&fake_state->gpus[fake_devices[dev].slot].mem_used_bytes,
                                     __ATOMIC_RELAXED) + g->reserved_bytes;
     *total_bytes = g->memory_bytes;
     *free_bytes = used < g->memory_bytes ? g->memory_bytes - used : 0;

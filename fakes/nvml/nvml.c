@@ -1,13 +1,18 @@
 /* Fake libnvidia-ml.so.1: the NVML calls the daemon (through pynvml) and the shim (through dlopen) make,
  * answered from a text config ($FAKE_NVML_CONFIG, fakes/fake_gpu_config.h) and a live state file
- * ($FAKE_NVML_CONFIG.state, fakes/fake_gpu_state.h). Real return codes, real struct layouts, real init
- * reference counting. fakes/README.md describes the files; tests/test_fake_nvml.py pins the behaviour.
+ * ($FAKE_NVML_CONFIG.state or the config's state=, fakes/fake_gpu_state.h). Real return codes, real struct
+ * layouts, real init reference counting. fakes/README.md describes the files; tests/test_fake_nvml.py pins the
+ * behaviour.
+ *
+ * Device handles carry the config's index (what NVML calls the index); everything read from the state file is
+ * read at the GPU's slot (slot() below), which a container's config sets to the node's index of the GPU.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <strings.h>
 
 #include "fake_gpu_config.h"
+#include "fake_gpu_ident.h"
 #include "fake_gpu_state.h"
 #include "fake_gpu_timeline.h"
 #include "nvml/fake_nvml.h"
@@ -51,9 +56,25 @@ static int initialized(void)
     return __atomic_load_n(&g_refcount, __ATOMIC_ACQUIRE) > 0;
 }
 
+/* The state file's entry of the GPU at config index `index`. */
+static unsigned slot(unsigned index)
+{
+    return g_cfg.gpus[index].slot;
+}
+
+/* The config index of the GPU at state slot `s`; FAKE_GPU_MAX_GPUS when this config does not list it (another
+ * container's GPU). */
+static unsigned index_of_slot(unsigned s)
+{
+    for (unsigned i = 0; i < g_cfg.gpu_count; i++)
+        if (g_cfg.gpus[i].slot == s)
+            return i;
+    return FAKE_GPU_MAX_GPUS;
+}
+
 static int gpu_lost(unsigned index)
 {
-    return __atomic_load_n(&g_map->state->gpus[index].lost, __ATOMIC_ACQUIRE) != 0;
+    return __atomic_load_n(&g_map->state->gpus[slot(index)].lost, __ATOMIC_ACQUIRE) != 0;
 }
 
 /* Validate a handle; fill *g. Lost GPUs answer GPU_IS_LOST, as a GPU that fell off the bus does. */
@@ -107,17 +128,23 @@ static nvmlReturn_t init_locked(void)
         fprintf(stderr, "fake NVML: bad config %s\n", err);
         return NVML_ERROR_UNKNOWN;
     }
-    char state_path[4096];
-    if ((size_t)snprintf(state_path, sizeof state_path, "%s%s", path, FAKE_GPU_STATE_SUFFIX) >= sizeof state_path) {
+    char state_path[FAKE_GPU_PATH_LEN];
+    int create = fake_gpu_config_state_path(&cfg, path, state_path, sizeof state_path);
+    if (create < 0) {
         fprintf(stderr, "fake NVML: config path %s is too long\n", path);
         return NVML_ERROR_UNKNOWN;
+    }
+    if (fake_ident_configure("fake NVML", cfg.driver_socket, err, sizeof err) != 0) {
+        fprintf(stderr, "fake NVML: %s (driver_socket= in %s): the node's driver is not running here "
+                        "(nvmlInit: NVML_ERROR_DRIVER_NOT_LOADED)\n", err, path);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     uint64_t instance = fake_gpu_state_instance(state_path);
     if (!g_map || !instance || instance != __atomic_load_n(&g_map->state->instance, __ATOMIC_RELAXED)) {
         struct state_map *m = calloc(1, sizeof *m);
         if (!m)
             return NVML_ERROR_MEMORY;
-        m->state = fake_gpu_state_map(state_path, 1, err, sizeof err);
+        m->state = fake_gpu_state_map(state_path, create, err, sizeof err);
         if (!m->state) {
             fprintf(stderr, "fake NVML: %s\n", err);
             free(m);
@@ -411,7 +438,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t dev, nvmlDeviceA
 static void memory_of(nvmlDevice_t dev, const struct fake_gpu_info *g, unsigned long long *total,
                       unsigned long long *reserved, unsigned long long *used)
 {
-    unsigned long long u = __atomic_load_n(&g_map->state->gpus[dev->index].mem_used_bytes, __ATOMIC_RELAXED);
+    unsigned long long u = __atomic_load_n(&g_map->state->gpus[slot(dev->index)].mem_used_bytes, __ATOMIC_RELAXED);
     *total = g->memory_bytes;
     *reserved = g->reserved_bytes;
     if (u > g->memory_bytes - g->reserved_bytes)
@@ -457,16 +484,18 @@ static unsigned percent(const uint32_t *p)
 }
 
 /* While kernels run on the GPU's simulated timeline (fake_gpu_timeline.h), the busy share of its last sample
- * span; otherwise what a test wrote into util_percent. */
-static unsigned gpu_utilisation(struct fake_gpu_state *st, unsigned gpu)
+ * span; otherwise what a test wrote into util_percent. `gpu` is a state slot. -1 when this process has no
+ * identity to take the timeline's lock with (fake_gpu_ident.h). */
+static int gpu_utilisation(struct fake_gpu_state *st, unsigned gpu)
 {
     struct fake_gpu_timeline *t = &st->timeline[gpu];
     uint64_t last = __atomic_load_n(&t->last_work_ns, __ATOMIC_RELAXED);
     if (last && fake_tl_now_ns() - last < FAKE_GPU_RECENT_WORK_NS) {
-        fake_tl_update(st, gpu);
-        return percent(&t->util_percent);
+        if (fake_tl_update(st, gpu) != 0)
+            return -1;
+        return (int)percent(&t->util_percent);
     }
-    return percent(&st->gpus[gpu].util_percent);
+    return (int)percent(&st->gpus[gpu].util_percent);
 }
 
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *utilization)
@@ -475,8 +504,11 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlU
     nvmlReturn_t r = device_out(dev, &g, utilization);
     if (r != NVML_SUCCESS)
         return r;
-    utilization->gpu = gpu_utilisation(g_map->state, dev->index);
-    utilization->memory = percent(&g_map->state->gpus[dev->index].mem_util_percent);
+    int gpu = gpu_utilisation(g_map->state, slot(dev->index));
+    if (gpu < 0)
+        return NVML_ERROR_UNKNOWN;
+    utilization->gpu = (unsigned)gpu;
+    utilization->memory = percent(&g_map->state->gpus[slot(dev->index)].mem_util_percent);
     return NVML_SUCCESS;
 }
 
@@ -488,19 +520,24 @@ struct proc_util {
     unsigned sm;
 };
 
-static unsigned collect_process_util(unsigned gpu, unsigned long long lastSeen, struct proc_util *out)
+/* `gpu` is a state slot. How many entries it wrote, or -1 when this process has no identity to take the
+ * timeline's lock with. Liveness is asked after the lock is released (it may be a request to the driver
+ * socket). */
+static int collect_process_util(unsigned gpu, unsigned long long lastSeen, struct proc_util *out)
 {
     struct fake_gpu_state *st = g_map->state;
     struct fake_gpu_timeline *t = &st->timeline[gpu];
+    int32_t ids[FAKE_GPU_MAX_PROCS];
     unsigned n = 0;
-    fake_tl_lock(&t->lock);
+    if (fake_tl_lock(&t->lock) != 0)
+        return -1;
     uint64_t now = fake_tl_now_ns();
     fake_tl_settle(st, gpu, now);
     fake_tl_sample(st, gpu, now);
     for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         const struct fake_gpu_proc *p = &st->procs[i];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
-        if (!pid || p->gpu != gpu || !fake_tl_alive(pid))
+        if (!pid || p->gpu != gpu)
             continue;
         unsigned total = p->nsamples, keep = total < FAKE_GPU_PROC_SAMPLES ? total : FAKE_GPU_PROC_SAMPLES;
         unsigned long long weighted = 0, span = 0, newest = 0;
@@ -513,11 +550,17 @@ static unsigned collect_process_util(unsigned gpu, unsigned long long lastSeen, 
             newest = smp->ts_us > newest ? smp->ts_us : newest;
         }
         unsigned sm = span ? (unsigned)((weighted + span / 2) / span) : 0;
-        if (sm)
+        if (sm) {
+            ids[n] = pid;
             out[n++] = (struct proc_util){p->host_pid, newest, sm};
+        }
     }
     fake_tl_unlock(&t->lock);
-    return n;
+    unsigned alive = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (fake_tl_alive(ids[i]))
+            out[alive++] = out[i];
+    return (int)alive;
 }
 
 /* FAKE_NVML_PROCESS_UTILIZATION=0: the driver reports no per-process utilisation (vGPU guests, old drivers). */
@@ -539,7 +582,10 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvm
     if (r != NVML_SUCCESS)
         return r;
     struct proc_util found[FAKE_GPU_MAX_PROCS];
-    unsigned n = collect_process_util(dev->index, lastSeen, found);
+    int got = collect_process_util(slot(dev->index), lastSeen, found);
+    if (got < 0)
+        return NVML_ERROR_UNKNOWN;
+    unsigned n = (unsigned)got;
     if (!u || *count < n) {
         *count = n ? n : FAKE_GPU_MAX_PROCS;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -564,7 +610,10 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t de
     if (r != NVML_SUCCESS)
         return r;
     struct proc_util found[FAKE_GPU_MAX_PROCS];
-    unsigned n = collect_process_util(dev->index, info->lastSeenTimeStamp, found);
+    int got = collect_process_util(slot(dev->index), info->lastSeenTimeStamp, found);
+    if (got < 0)
+        return NVML_ERROR_UNKNOWN;
+    unsigned n = (unsigned)got;
     if (!info->procUtilArray || info->processSamplesCount < n) {
         info->processSamplesCount = n ? n : FAKE_GPU_MAX_PROCS;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -593,7 +642,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned int *infoCount, nv
     for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         const struct fake_gpu_proc *p = &st->procs[i];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
-        if (pid && p->gpu == dev->index && fake_tl_alive(pid)) {
+        if (pid && p->gpu == slot(dev->index) && fake_tl_alive(pid)) {
             used[n] = __atomic_load_n(&p->mem_used_bytes, __ATOMIC_RELAXED);
             pids[n++] = p->host_pid;
         }
@@ -745,18 +794,19 @@ static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *data, unsign
                         published - set->cursor - FAKE_GPU_EVENT_RING);
                 set->cursor = published - FAKE_GPU_EVENT_RING;
             }
-            struct fake_gpu_event ev;
+            struct fake_gpu_event ev = {0};
             int ok = fake_gpu_state_read_event(s, set->cursor, &ev);
             set->cursor++;
-            if (!ok || ev.gpu_index >= g_cfg.gpu_count || !set->types[ev.gpu_index])
+            unsigned index = ok ? index_of_slot(ev.gpu_index) : FAKE_GPU_MAX_GPUS; /* events carry slots */
+            if (index >= g_cfg.gpu_count || !set->types[index])
                 continue;
             if (ev.event_type == FAKE_GPU_EVENT_GPU_LOST) {
                 pthread_mutex_unlock(&set->lock);
                 return NVML_ERROR_GPU_IS_LOST;
             }
-            if (!(ev.event_type & set->types[ev.gpu_index]))
+            if (!(ev.event_type & set->types[index]))
                 continue;
-            data->device = &g_devices[ev.gpu_index];
+            data->device = &g_devices[index];
             data->eventType = ev.event_type;
             data->eventData = ev.event_data;
             if (v2) {
@@ -803,14 +853,15 @@ FAKE_NVML_API int fakeNvml_initState(const char *statePath, unsigned int gpuCoun
     return 0;
 }
 
-/* Publish an event (XID: eventType 0x8, eventData = XID) for GPU gpuIndex to every waiter. 0 or -errno. */
+/* Publish an event (XID: eventType 0x8, eventData = XID) for GPU gpuIndex (its slot in the state file, i.e. its
+ * node index) to every waiter; each process sees it under its own config's index of that GPU. 0 or -errno. */
 FAKE_NVML_API int fakeNvml_postEvent(const char *statePath, unsigned int gpuIndex, unsigned long long eventType,
                                      unsigned long long eventData)
 {
     return fake_gpu_state_post_event(statePath, gpuIndex, eventType, eventData);
 }
 
-/* Kernel time each process context on GPU gpuIndex has run so far (settled to now), for tests and benches that
+/* Kernel time each process context on GPU gpuIndex (a state slot) has run so far (settled to now), for tests and benches that
  * measure the share each process got. Fills up to n entries; returns how many there are, or -errno. */
 FAKE_NVML_API int fakeNvml_processTimes(const char *statePath, unsigned int gpuIndex, unsigned int *pids,
                                         unsigned int *hostPids, unsigned long long *busyNs, int n)
@@ -821,7 +872,10 @@ FAKE_NVML_API int fakeNvml_processTimes(const char *statePath, unsigned int gpuI
     struct fake_gpu_state *s = fake_gpu_state_map(statePath, 0, err, sizeof err);
     if (!s)
         return -ENOENT;
-    fake_tl_update(s, gpuIndex);
+    if (fake_tl_update(s, gpuIndex) != 0) {
+        munmap(s, sizeof *s);
+        return -EIO;
+    }
     int count = 0;
     for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         const struct fake_gpu_proc *p = &s->procs[i];
@@ -839,7 +893,7 @@ FAKE_NVML_API int fakeNvml_processTimes(const char *statePath, unsigned int gpuI
     return count;
 }
 
-/* What nvmlDeviceGetUtilizationRates reports for GPU gpuIndex now (percent), or -errno. */
+/* What nvmlDeviceGetUtilizationRates reports for GPU gpuIndex (a state slot) now (percent), or -errno. */
 FAKE_NVML_API int fakeNvml_utilization(const char *statePath, unsigned int gpuIndex)
 {
     if (gpuIndex >= FAKE_GPU_MAX_GPUS)
@@ -848,9 +902,9 @@ FAKE_NVML_API int fakeNvml_utilization(const char *statePath, unsigned int gpuIn
     struct fake_gpu_state *s = fake_gpu_state_map(statePath, 0, err, sizeof err);
     if (!s)
         return -ENOENT;
-    int util = (int)gpu_utilisation(s, gpuIndex);
+    int util = gpu_utilisation(s, gpuIndex);
     munmap(s, sizeof *s);
-    return util;
+    return util < 0 ? -EIO : util;
 }
 
 /* How many nvmlInit calls are not yet matched by nvmlShutdown (tests check that code pairs them). */
