@@ -91,27 +91,6 @@ CUresult impl_cuCtxSynchronize_v2(CUcontext ctx)
 }
 FAKE_EXPORT(cuCtxSynchronize_v2)
 
-/* CUlimit: stack size, printf FIFO, malloc heap, ... : the values an A100 starts with; set ones read back. */
-static size_t limits[16] = {1024, 1048576, 8388608, 2, 2048, 0, 0, 0};
-
-CUresult impl_cuCtxGetLimit(size_t *value, int limit)
-{
-    if (!value || limit < 0 || limit >= 16)
-        return CUDA_ERROR_INVALID_VALUE;
-    *value = limits[limit];
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuCtxGetLimit)
-
-CUresult impl_cuCtxSetLimit(int limit, size_t value)
-{
-    if (limit < 0 || limit >= 16)
-        return CUDA_ERROR_INVALID_VALUE;
-    limits[limit] = value;
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuCtxSetLimit)
-
 CUresult impl_cuCtxGetCacheConfig(int *config)
 {
     if (!config)

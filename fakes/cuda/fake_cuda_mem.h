@@ -18,14 +18,30 @@ struct fake_pool {
     CUmemLocation location;
     uint64_t attr[16]; /* cuMemPoolSetAttribute values, by CUmemPool_attribute */
     uint64_t used, used_high;
+    uint64_t cached;   /* freed memory the pool keeps (up to its release threshold), still taken on the GPU */
     int is_default;
+    struct fake_pool *next; /* the pools this process created */
 };
 CUresult fake_mem_alloc_pool(uint64_t *addr, uint64_t bytes, int dev, int low, struct fake_pool *pool);
 void fake_pool_account(struct fake_pool *pool, int64_t bytes);
 struct fake_pool *fake_pool_current(int dev);
+/* Take up to `bytes` of what the pool keeps for a new allocation: the bytes it covers (no new memory taken). */
+uint64_t fake_pool_reuse(struct fake_pool *pool, uint64_t bytes);
+/* Give bytes that fake_pool_reuse handed out back to the pool's keep (the allocation failed). */
+void fake_pool_keep(struct fake_pool *pool, uint64_t bytes);
+/* `bytes` of the pool's were freed (after fake_pool_account): the pool keeps what its release threshold
+ * allows; returns what must go back to the GPU. */
+uint64_t fake_pool_release(struct fake_pool *pool, uint64_t bytes);
 /* 1 when addr lies in the fake's device address range; fake_mem_backed(): that range holds real bytes. */
 int fake_mem_is_device(uint64_t addr);
 int fake_mem_backed(void);
+/* Give back device memory on the GPU alone (fake_mem_give also takes it off this process's NVML figure). */
+void fake_mem_give_gpu(int dev, uint64_t bytes);
+/* cuMemCreate handles (fake_cuda_handles.c): 1 and the size and device of a handle that is not released; take
+ * or drop handle references and mappings (the allocation goes when both are 0): CUDA_ERROR_INVALID_VALUE for an
+ * unknown or released handle. */
+int fake_handle_lookup(uint64_t handle, uint64_t *bytes, int *dev);
+CUresult fake_handle_hold(uint64_t handle, int refs, int maps);
 /* Free the entry at addr: CUDA_SUCCESS, or CUDA_ERROR_INVALID_VALUE when there is none. */
 CUresult fake_mem_free(uint64_t addr);
 /* The entry at addr: its size (as rounded) and device. 0 when there is none. */

@@ -10,7 +10,6 @@
 #include "fake_cuda_mem.h"
 
 #define PITCH_ALIGN 512
-#define HANDLE_TAG (1ULL << 62)
 
 enum kind { K_DEVICE = 1, K_HOST = 2 };
 
@@ -29,7 +28,6 @@ static struct {
 
 static uint64_t next_address = 0x7f0000000000ULL; /* when no address range could be reserved */
 static uint64_t next_low_address = 0x10000000ULL; /* 32-bit device pointers (cuMemAlloc v1) */
-static uint64_t next_handle = 1;
 
 
 static size_t slot_of(uint64_t key, size_t cap)
@@ -72,11 +70,6 @@ static int map_put_pool(uint64_t key, uint64_t bytes, int dev, struct fake_pool 
     }
     pthread_mutex_unlock(&map.lock);
     return rc;
-}
-
-static int map_put(uint64_t key, uint64_t bytes, int dev)
-{
-    return map_put_pool(key, bytes, dev, NULL);
 }
 
 /* The slot holding key, or SIZE_MAX; with map.lock held. */
@@ -155,9 +148,14 @@ CUresult fake_mem_take(int dev, uint64_t bytes)
     return CUDA_SUCCESS;
 }
 
-void fake_mem_give(int dev, uint64_t bytes)
+void fake_mem_give_gpu(int dev, uint64_t bytes)
 {
     __atomic_fetch_sub(&fake_state->gpus[fake_devices[dev].slot].mem_used_bytes, bytes, __ATOMIC_ACQ_REL);
+}
+
+void fake_mem_give(int dev, uint64_t bytes)
+{
+    fake_mem_give_gpu(dev, bytes);
     fake_sim_mem(dev, -(int64_t)bytes);
 }
 
@@ -231,9 +229,13 @@ CUresult fake_mem_alloc_pool(uint64_t *out, uint64_t bytes, int dev, int low, st
         return CUDA_ERROR_INVALID_VALUE;
     if (dev >= 0)
         bytes = (bytes + FAKE_CUDA_GRANULARITY - 1) & ~(FAKE_CUDA_GRANULARITY - 1);
-    CUresult rc = dev >= 0 ? fake_mem_take(dev, bytes) : CUDA_SUCCESS;
-    if (rc)
+    uint64_t cached = pool ? fake_pool_reuse(pool, bytes) : 0; /* memory the pool kept from earlier frees */
+    CUresult rc = dev >= 0 && bytes > cached ? fake_mem_take(dev, bytes - cached) : CUDA_SUCCESS;
+    if (rc) {
+        if (cached)
+            fake_pool_keep(pool, cached);
         return rc;
+    }
     uint64_t addr;
     if (low) {
         addr = __atomic_fetch_add(&next_low_address, bytes, __ATOMIC_RELAXED);
@@ -246,8 +248,10 @@ CUresult fake_mem_alloc_pool(uint64_t *out, uint64_t bytes, int dev, int low, st
         addr = fake_mem_new_address(bytes);
     }
     if (map_put_pool(addr, bytes, dev, pool)) {
-        if (dev >= 0)
-            fake_mem_give(dev, bytes);
+        if (dev >= 0 && bytes > cached)
+            fake_mem_give(dev, bytes - cached);
+        if (cached)
+            fake_pool_keep(pool, cached);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     __atomic_fetch_add(&fake_counters.live_bytes, bytes, __ATOMIC_RELAXED);
@@ -279,10 +283,12 @@ CUresult fake_mem_free(uint64_t key)
     struct entry e;
     if (!map_take(key, &e))
         return CUDA_ERROR_INVALID_VALUE;
-    if (e.dev >= 0)
-        fake_mem_give(e.dev, e.bytes);
     if (e.pool)
         fake_pool_account(e.pool, -(int64_t)e.bytes);
+    /* A pool keeps freed memory up to its release threshold (fake_cuda_pools.c); the rest goes back. */
+    uint64_t back = e.pool ? fake_pool_release(e.pool, e.bytes) : e.bytes;
+    if (e.dev >= 0 && back)
+        fake_mem_give(e.dev, back);
     va_release(key, e.bytes);
     __atomic_fetch_sub(&fake_counters.live_bytes, e.bytes, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
@@ -463,47 +469,6 @@ CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
     return fake_initialised ? fake_mem_free(dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 FAKE_EXPORT(cuMemFreeAsync_ptsz)
-
-CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                          unsigned long long flags)
-{
-    (void)flags;
-    FAKE_COUNT(mem_create);
-    if (!fake_initialised)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!handle || !prop || !size)
-        return CUDA_ERROR_INVALID_VALUE;
-    int dev = -1;
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (prop->location.id < 0 || prop->location.id >= fake_device_count)
-            return CUDA_ERROR_INVALID_DEVICE;
-        dev = prop->location.id;
-    }
-    if (size % FAKE_CUDA_GRANULARITY)
-        return CUDA_ERROR_INVALID_VALUE; /* as the real driver: a multiple of the granularity */
-    CUresult rc = dev >= 0 ? fake_mem_take(dev, size) : CUDA_SUCCESS;
-    if (rc)
-        return rc;
-    uint64_t h = HANDLE_TAG | __atomic_fetch_add(&next_handle, 1, __ATOMIC_RELAXED);
-    if (map_put(h, size, dev)) {
-        if (dev >= 0)
-            fake_mem_give(dev, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    __atomic_fetch_add(&fake_counters.live_bytes, size, __ATOMIC_RELAXED);
-    *handle = h;
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuMemCreate)
-
-CUresult impl_cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    FAKE_COUNT(mem_release);
-    if (!fake_initialised)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return (handle & HANDLE_TAG) ? fake_mem_free(handle) : CUDA_ERROR_INVALID_VALUE;
-}
-FAKE_EXPORT(cuMemRelease)
 
 CUresult impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {

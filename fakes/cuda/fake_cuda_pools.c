@@ -1,7 +1,10 @@
 /* Fake driver: stream-ordered memory pools. Each device has a default pool (cuDeviceGetDefaultMemPool) and a
  * current one (cuDeviceGetMemPool / cuDeviceSetMemPool) that cuMemAllocAsync takes from. Attributes read back what
- * was set (CuPy keeps its pool's limit in the release threshold); the used and reserved figures are the bytes
- * the pool's allocations hold (the fake gives freed memory back at once, so reserved = used). */
+ * was set (CuPy keeps its pool's limit in the release threshold). As the driver's, a pool keeps freed memory
+ * (still taken on the GPU) while what it holds stays within its release threshold (default 0: nothing), reuses it
+ * for its next allocations, and gives it back on cuMemPoolTrimTo, a lower threshold and cuMemPoolDestroy; the real
+ * driver trims to the threshold at the next synchronisation, the fake at the free. Reserved = used + kept. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +23,79 @@ enum {
 
 static struct fake_pool default_pool[FAKE_CUDA_MAX_DEVICES];
 static struct fake_pool *current_pool[FAKE_CUDA_MAX_DEVICES];
+static struct fake_pool *created;                      /* the pools this process created */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* kept memory and the list above */
+
+static void child_after_fork(void)
+{
+    pthread_mutex_init(&lock, NULL);
+    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++)
+        default_pool[d].cached = 0;
+    for (struct fake_pool *p = created; p; p = p->next)
+        p->cached = 0; /* the parent's memory, not the child's */
+}
+FAKE_ON_FORK_CHILD(child_after_fork)
+
+static int pool_device(const struct fake_pool *p)
+{
+    return p->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->location.id : -1;
+}
+
+/* Keep at most what `reserved` (used + kept) allows; with lock held. Returns what the pool stops keeping. */
+static uint64_t trim_to(struct fake_pool *p, uint64_t reserved)
+{
+    uint64_t used = __atomic_load_n(&p->used, __ATOMIC_RELAXED);
+    uint64_t room = reserved > used ? reserved - used : 0;
+    uint64_t excess = p->cached > room ? p->cached - room : 0;
+    p->cached -= excess;
+    return excess;
+}
+
+static void give_back(struct fake_pool *p, uint64_t bytes)
+{
+    if (bytes && pool_device(p) >= 0 && fake_state)
+        fake_mem_give(pool_device(p), bytes);
+}
+
+uint64_t fake_pool_reuse(struct fake_pool *pool, uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    uint64_t got = pool->cached < bytes ? pool->cached : bytes;
+    pool->cached -= got;
+    pthread_mutex_unlock(&lock);
+    return got;
+}
+
+void fake_pool_keep(struct fake_pool *pool, uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    pool->cached += bytes;
+    pthread_mutex_unlock(&lock);
+}
+
+uint64_t fake_pool_release(struct fake_pool *pool, uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    pool->cached += bytes;
+    uint64_t back = trim_to(pool, pool->attr[ATTR_RELEASE_THRESHOLD]);
+    pthread_mutex_unlock(&lock);
+    return back;
+}
+
+/* A process that ends gives back what its pools keep. */
+__attribute__((destructor)) static void release_kept(void)
+{
+    pthread_mutex_lock(&lock);
+    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++) {
+        give_back(&default_pool[d], default_pool[d].cached);
+        default_pool[d].cached = 0;
+    }
+    for (struct fake_pool *p = created; p; p = p->next) {
+        give_back(p, p->cached);
+        p->cached = 0;
+    }
+    pthread_mutex_unlock(&lock);
+}
 
 static void pool_init(struct fake_pool *p, int dev)
 {
@@ -115,6 +191,10 @@ CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pool_init(p, props->location.id);
     p->location = props->location;
+    pthread_mutex_lock(&lock);
+    p->next = created;
+    created = p;
+    pthread_mutex_unlock(&lock);
     *pool = (CUmemoryPool)p;
     return CUDA_SUCCESS;
 }
@@ -125,8 +205,18 @@ CUresult impl_cuMemPoolDestroy(CUmemoryPool pool)
     struct fake_pool *p = (struct fake_pool *)pool;
     if (!p || p->is_default)
         return CUDA_ERROR_INVALID_VALUE;
-    for (int d = 0; d < fake_device_count; d++)
-        __atomic_compare_exchange_n(&current_pool[d], &p, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    for (int d = 0; d < fake_device_count; d++) {
+        struct fake_pool *expected = p;
+        __atomic_compare_exchange_n(&current_pool[d], &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_lock(&lock);
+    for (struct fake_pool **pp = &created; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    give_back(p, p->cached);
+    pthread_mutex_unlock(&lock);
     free(p);
     return CUDA_SUCCESS;
 }
@@ -151,6 +241,11 @@ CUresult impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
     if (attr == ATTR_RESERVED_MEM_CURRENT || attr == ATTR_USED_MEM_CURRENT)
         return CUDA_ERROR_INVALID_VALUE;
     p->attr[attr] = int_attr(attr) ? (uint64_t) * (int *)value : *(uint64_t *)value;
+    if (attr == ATTR_RELEASE_THRESHOLD) {
+        pthread_mutex_lock(&lock);
+        give_back(p, trim_to(p, p->attr[attr]));
+        pthread_mutex_unlock(&lock);
+    }
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuMemPoolSetAttribute)
@@ -161,10 +256,11 @@ CUresult impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
     if (!p || !value || attr < 1 || attr >= 16)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t v = p->attr[attr];
+    uint64_t kept = attr == ATTR_RESERVED_MEM_CURRENT || attr == ATTR_RESERVED_MEM_HIGH ? p->cached : 0;
     if (attr == ATTR_RESERVED_MEM_CURRENT || attr == ATTR_USED_MEM_CURRENT)
-        v = __atomic_load_n(&p->used, __ATOMIC_RELAXED);
+        v = __atomic_load_n(&p->used, __ATOMIC_RELAXED) + kept;
     else if (attr == ATTR_RESERVED_MEM_HIGH || attr == ATTR_USED_MEM_HIGH)
-        v = __atomic_load_n(&p->used_high, __ATOMIC_RELAXED);
+        v = __atomic_load_n(&p->used_high, __ATOMIC_RELAXED) + kept;
     if (int_attr(attr))
         *(int *)value = (int)v;
     else
@@ -175,8 +271,13 @@ FAKE_EXPORT(cuMemPoolGetAttribute)
 
 CUresult impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
-    (void)keep;
-    return pool ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; /* nothing is kept beyond what is in use */
+    struct fake_pool *p = (struct fake_pool *)pool;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    give_back(p, trim_to(p, keep));
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuMemPoolTrimTo)
 

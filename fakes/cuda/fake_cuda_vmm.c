@@ -1,10 +1,10 @@
 /* Fake driver: virtual memory management (cuMemAddressReserve, cuMemMap, ...): PyTorch's expandable segments
- * reserve a large range and map physical allocations (cuMemCreate handles) into it as the segment grows. A
- * reserved range comes from the fake's device address range; mapping takes no memory (the handle holds it) and
- * remembers which handle backs which address, for cuMemRetainAllocationHandle. */
+ * reserve a large range and map physical allocations (cuMemCreate handles, fake_cuda_handles.c) into it as the
+ * segment grows. A reserved range comes from the fake's device address range; a mapping takes no memory but is a
+ * reference to its allocation, which lives until its last mapping is gone even after cuMemRelease, and remembers
+ * which handle backs which address, for cuMemRetainAllocationHandle. */
 #include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "fake_cuda_mem.h"
 
@@ -57,11 +57,16 @@ CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
     int dev;
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!ptr || !size || !fake_mem_lookup(handle, &bytes, &dev) || offset + size > bytes)
+    if (!ptr || !size || !fake_handle_lookup(handle, &bytes, &dev) || offset + size > bytes)
         return CUDA_ERROR_INVALID_VALUE;
     struct mapping *m = malloc(sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = fake_handle_hold(handle, 0, 1);
+    if (rc) {
+        free(m);
+        return rc;
+    }
     *m = (struct mapping){ptr, size, handle, NULL};
     pthread_mutex_lock(&lock);
     m->next = mappings;
@@ -75,20 +80,27 @@ CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     if (!fake_initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    int found = 0;
+    struct mapping *gone = NULL;
     pthread_mutex_lock(&lock);
     for (struct mapping **pp = &mappings; *pp;) {
         struct mapping *m = *pp;
         if (m->addr >= ptr && m->addr + m->size <= ptr + size) {
             *pp = m->next;
-            free(m);
-            found = 1;
+            m->next = gone;
+            gone = m;
         } else {
             pp = &m->next;
         }
     }
     pthread_mutex_unlock(&lock);
-    return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = gone ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    while (gone) { /* the last mapping of a released allocation frees it */
+        struct mapping *m = gone;
+        gone = m->next;
+        fake_handle_hold(m->handle, 0, -1);
+        free(m);
+    }
+    return rc;
 }
 FAKE_EXPORT(cuMemUnmap)
 
@@ -123,34 +135,6 @@ CUresult impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, 
             break;
         }
     pthread_mutex_unlock(&lock);
-    return rc;
+    return rc == CUDA_SUCCESS ? fake_handle_hold(*handle, 1, 0) : rc; /* one more reference to release */
 }
 FAKE_EXPORT(cuMemRetainAllocationHandle)
-
-CUresult impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
-{
-    uint64_t bytes;
-    int dev;
-    if (!prop || !fake_mem_lookup(handle, &bytes, &dev))
-        return CUDA_ERROR_INVALID_VALUE;
-    memset(prop, 0, sizeof *prop);
-    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop->location.type = dev >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
-    prop->location.id = dev >= 0 ? dev : 0;
-    return CUDA_SUCCESS;
-}
-FAKE_EXPORT(cuMemGetAllocationPropertiesFromHandle)
-
-/* Sharing allocations between processes by file descriptor is not simulated. */
-CUresult impl_cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
-                                           unsigned long long flags)
-{
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-FAKE_EXPORT(cuMemExportToShareableHandle)
-
-CUresult impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *shareable, int type)
-{
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-FAKE_EXPORT(cuMemImportFromShareableHandle)
