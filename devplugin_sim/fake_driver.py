@@ -11,6 +11,10 @@ Two ways to use it:
 - subprocess: `subprocess.run(..., env={**os.environ, **driver.env()})`;
 - in this process: `load_in_process()` once, then `os.environ.update(driver.env())` before `pynvml.nvmlInit()`.
   pynvml dlopens "libnvidia-ml.so.1" by soname, and glibc hands back the fake already loaded under that soname.
+
+A container's processes get a config of their own (`FakeDriver.write_container_config`): only the GPUs granted to
+the container, each at the node's state slot of that GPU, the node's state file, and the node's driver socket
+(devplugin_sim/driver_socket.py), which tells the fake each process's host pid.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import mmap
 import os
 import shlex
 import uuid as uuidlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +71,8 @@ class FakeGPU:
     compute_capability: tuple[int, int] = (7, 0)
     events_supported: bool = True  # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED for this GPU
 
-    def config_line(self) -> str:
+    def config_line(self, slot: int | None = None) -> str:
+        """The config's gpu line; slot: the GPU's entry in the node's state file, for a container's config."""
         if '"' in self.name:
             raise ValueError(f"GPU name {self.name!r} cannot contain a double quote")
         fields = [
@@ -81,6 +87,8 @@ class FakeGPU:
         ]
         if not self.events_supported:
             fields.append("events=0")
+        if slot is not None:
+            fields.append(f"slot={slot}")
         return "gpu " + " ".join(fields)
 
 
@@ -290,10 +298,20 @@ def c_state_layout() -> list[int]:
 class FakeDriver:
     """The config and state files of one simulated node, and the knobs tests turn while a process runs."""
 
-    def __init__(self, config_path: Path, gpus: list[FakeGPU]) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        gpus: list[FakeGPU],
+        *,
+        driver_version: str = "550.54.15",
+        cuda_version: int = 12040,
+        state_path: Path | None = None,
+    ) -> None:
         self.config_path = Path(config_path)
-        self.state_path = Path(str(config_path) + STATE_SUFFIX)
+        self.state_path = Path(state_path) if state_path else Path(str(config_path) + STATE_SUFFIX)
         self.gpus = list(gpus)
+        self.driver_version = driver_version
+        self.cuda_version = cuda_version
         self._mm: mmap.mmap | None = None
         self._state: _State | None = None
 
@@ -333,7 +351,7 @@ class FakeDriver:
             *(gpu.config_line() for gpu in gpus),
         ]
         config.write_text("\n".join(lines) + "\n")
-        driver = cls(config, gpus)
+        driver = cls(config, gpus, driver_version=driver_version, cuda_version=cuda_version)
         driver.state_path.unlink(missing_ok=True)
         driver._open_state()
         assert driver._state is not None
@@ -345,8 +363,12 @@ class FakeDriver:
     def attach(cls, config_path: Path) -> FakeDriver:
         """The driver of an existing config (another process created it), to turn its knobs from here."""
         gpus: list[FakeGPU] = []
+        settings: dict[str, str] = {}
         for line in Path(config_path).read_text().splitlines():
             words = shlex.split(line, comments=True)
+            if words and words[0] != "gpu" and "=" in words[0]:
+                key, value = words[0].split("=", 1)
+                settings[key] = value
             if not words or words[0] != "gpu":
                 continue
             kv = dict(w.split("=", 1) for w in words[1:])
@@ -358,9 +380,56 @@ class FakeDriver:
                 numa_node=None if numa < 0 else numa, sms=int(kv.get("sms", "80")),
                 compute_capability=(int(cc[0]), int(cc[1])), events_supported=kv.get("events", "1") == "1",
             ))
-        driver = cls(Path(config_path), gpus)
+        driver = cls(
+            Path(config_path), gpus, driver_version=settings.get("driver_version", "550.54.15"),
+            cuda_version=int(settings.get("cuda_version", "12040")),
+            state_path=Path(settings["state"]) if "state" in settings else None,
+        )
         driver._open_state()
         return driver
+
+    def write_container_config(
+        self,
+        path: Path,
+        granted: Sequence[str],
+        *,
+        driver_socket: str | Path | None,
+        state_path: str | Path | None = None,
+    ) -> Path:
+        """Write the config a container's processes read (what the node's container runtime writes).
+
+        granted: UUIDs of the GPUs the container gets, in the order it sees them (its NVML and CUDA index 0, 1,
+        ...); each keeps the node's state slot (`slot=` its node index), so memory, timeline and processes are
+        the node's. driver_socket: the node's driver socket as the container sees it (None: the container's
+        processes are identified by their own getpid()). state_path: the node's state file as the container sees
+        it (default: where it is on the node).
+        """
+        by_uuid = {gpu.uuid: gpu for gpu in self.gpus}
+        unknown = [u for u in granted if u not in by_uuid]
+        if unknown:
+            raise ValueError(f"GPU(s) {', '.join(unknown)} are not on this node ({self.config_path}); it has "
+                             f"{', '.join(by_uuid)}")
+        if len(set(granted)) != len(granted):
+            raise ValueError(f"a GPU is granted twice: {', '.join(granted)}")
+        state = Path(state_path) if state_path is not None else self.state_path.resolve()
+        if not state.is_absolute():
+            raise ValueError(f"state_path must be absolute, not {state}")
+        lines = [
+            f"# a container's view of the fake node {self.config_path}; format: fakes/README.md",
+            f"driver_version={self.driver_version}",
+            f"cuda_version={self.cuda_version}",
+            f"state={state}",
+        ]
+        if driver_socket is not None:
+            if not Path(driver_socket).is_absolute() or len(str(driver_socket)) > 107:
+                raise ValueError(f"driver_socket must be an absolute path of at most 107 characters, not "
+                                 f"{driver_socket}")
+            lines.append(f"driver_socket={driver_socket}")
+        lines += [by_uuid[u].config_line(slot=by_uuid[u].index) for u in granted]
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def _open_state(self) -> None:
         """Create the state file if missing (else check it), then map it."""
@@ -424,6 +493,15 @@ class FakeDriver:
         if used_bytes < 0:
             raise ValueError("used memory cannot be negative")
         self._slot(gpu_index).mem_used_bytes = used_bytes
+
+    def set_timeline_lock(self, gpu_index: int, holder: int) -> None:
+        """As if process `holder` (its identity: host pid) held the GPU's timeline lock; 0 releases it. A process
+        that needs the lock waits while the holder is alive and takes it over once it is not."""
+        self._slot(gpu_index)
+        if not 0 <= holder < 1 << 31:
+            raise ValueError(f"a lock holder is a pid 0..2^31-1, not {holder}")
+        assert self._state is not None
+        self._state.timeline[gpu_index].lock = holder
 
     def utilization(self, gpu_index: int) -> int:
         """What nvmlDeviceGetUtilizationRates reports now: the simulated timeline's last sample while kernels
