@@ -21,8 +21,9 @@ import pynvml
 import pytest
 
 from devplugin_sim.driver_socket import DriverSocket
-from devplugin_sim.fake_driver import FakeDriver, library_dir
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU, library_dir, seed_uuid
 from tests import pid_namespaces
+from tests.cuda_runtime import runtime_probe
 from tests.shim_probe import TESTS, MiB, gpus, next_step, require_built, until
 
 OFFSET = 100000
@@ -233,3 +234,28 @@ def test_cuda_visible_devices_picks_among_the_containers_gpus(
     finally:
         finish(probe)
     assert pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(5)).used == 0  # given back at exit
+
+
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_nvidias_runtime_in_a_container_sees_its_gpus_and_charges_the_nodes(
+        make_driver: Callable[..., FakeDriver], sock: DriverSocket, tmp_path: Path, cudart: str) -> None:
+    require_built()
+    pid_namespaces.require_pid_namespaces()
+    program = runtime_probe(cudart)
+    a100s = [FakeGPU(index=i, uuid=seed_uuid(i, "a100s"), name="NVIDIA A100-SXM4-40GB", memory_mib=40960, minor=i,
+                     pci_bus_id=f"00000000:{0x10 + i:02X}:00.0", sms=108, compute_capability=(8, 0))
+             for i in range(8)]
+    node = make_driver(a100s)
+    config = node.write_container_config(tmp_path / "c.conf", [a100s[2].uuid, a100s[5].uuid],
+                                         driver_socket=sock.path)
+    probe = pid_namespaces.start([str(program), "init", "props", "alloc", "256", "nvml", "ready"],
+                                 container_env(config, node))
+    try:
+        init, props, alloc, nvml, _ = until(probe, "ready")
+        assert init["rc"] == 0 and alloc["rc"] == 0, probe.stderr.read() if probe.poll() is not None else init
+        assert (props["name"], props["sms"], props["total"]) == ("NVIDIA A100-SXM4-40GB", 108, 40960 * MiB)
+        assert nvml["used"] == 256 * MiB  # the runtime's NVML view of its device 0
+        assert [node.memory_used(i) for i in range(8)] == [0, 0, 256 * MiB, 0, 0, 0, 0, 0]
+        assert [t.pid for t in node.process_times(2)] == [pid_namespaces.host_pid(probe)]
+    finally:
+        finish(probe)
