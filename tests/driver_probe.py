@@ -8,6 +8,8 @@ Steps:
     nvmlprocs I     the pids NVML lists on GPU I (nvmlDeviceGetComputeRunningProcesses)
     cuda            cuInit; the count and each device's UUID (cuDeviceGetUuid_v2)
     alloc D MIB     a context on CUDA device D and one cuMemAlloc of MIB MiB there (kept)
+    forkalloc D MIB fork a child that does `alloc D MIB`, prints {"op": "forkalloc", "pid", "rc"} and lives as long
+                    as this process
     ready           print {"op": "ready"} and wait for a line on stdin
 An NVML or CUDA failure is reported in the step ("rc") and the probe goes on.
 """
@@ -61,6 +63,7 @@ class Cuda:
     def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.kept: list[int] = []
+        self.children: list[int] = []  # write ends of the pipes forked children wait on
 
     def cuda_step(self) -> None:
         rc = self.lib.cuInit(0)
@@ -88,6 +91,22 @@ class Cuda:
         out("alloc", rc=rc)
 
 
+def fork_alloc(cuda: Cuda, dev: int, mib: int) -> None:
+    """A child process that allocates and then waits for this process to end (its pipe closes)."""
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.close(w)
+        ctx = ctypes.c_void_p()
+        ptr = ctypes.c_uint64()
+        rc = cuda.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) or cuda.lib.cuCtxSetCurrent(ctx)
+        rc = rc or cuda.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib * MIB))
+        out("forkalloc", pid=os.getpid(), rc=rc)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    cuda.children.append(w)
+
+
 def main(argv: list[str]) -> int:
     cuda: Cuda | None = None
     steps = iter(argv)
@@ -98,12 +117,14 @@ def main(argv: list[str]) -> int:
             nvml_step()
         elif op == "nvmlprocs":
             nvml_procs_step(int(next(steps)))
-        elif op in ("cuda", "alloc"):
+        elif op in ("cuda", "alloc", "forkalloc"):
             cuda = cuda or Cuda()
             if op == "cuda":
                 cuda.cuda_step()
-            else:
+            elif op == "alloc":
                 cuda.alloc_step(int(next(steps)), int(next(steps)))
+            else:
+                fork_alloc(cuda, int(next(steps)), int(next(steps)))
         elif op == "ready":
             out("ready")
             sys.stdin.readline()

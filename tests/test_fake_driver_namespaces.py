@@ -143,6 +143,26 @@ def test_a_killed_container_process_is_found_dead_through_the_socket_and_its_ent
             finish(newcomer)
 
 
+
+def test_a_forked_child_in_a_container_asks_for_its_own_host_pid(
+        node: FakeDriver, sock: DriverSocket, tmp_path: Path) -> None:
+    config = node.write_container_config(tmp_path / "c.conf", [node.gpus[4].uuid], driver_socket=sock.path)
+    probe = pid_namespaces.start([*PROBE, "pid", "alloc", "0", "64", "forkalloc", "0", "128", "ready"],
+                                 container_env(config, node))
+    try:
+        parent = pid_namespaces.host_pid(probe)
+        steps = until(probe, "ready")
+        while not any(s["op"] == "forkalloc" for s in steps):  # the child prints when it is done, in any order
+            steps.append(next_step(probe))
+        child = next(s for s in steps if s["op"] == "forkalloc")
+        assert steps[0]["pid"] == 1 and child["pid"] == 2 and child["rc"] == 0
+        child_host = int(Path(f"/proc/{parent}/task/{parent}/children").read_text().split()[0])
+        times = {t.pid: t.host_pid for t in node.process_times(4)}
+        assert times == {parent: parent, child_host: child_host}  # two processes, not the parent's pid twice
+        assert node.memory_used(4) == 192 * MiB
+    finally:
+        finish(probe)
+
 def test_a_timeline_lock_held_by_a_live_process_outside_the_namespace_is_waited_for(
         node: FakeDriver, sock: DriverSocket, tmp_path: Path) -> None:
     config = node.write_container_config(tmp_path / "c.conf", [node.gpus[3].uuid], driver_socket=sock.path)
