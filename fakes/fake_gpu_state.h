@@ -1,8 +1,11 @@
 /* Live state of the simulated GPUs, shared by the fake libnvidia-ml.so.1, the fake libcuda.so.1 and the
  * Python test helper (devplugin/sim/fake_driver.py) through one small file that each of them mmaps.
  *
- * Path: "<$FAKE_NVML_CONFIG>.state" (FAKE_GPU_STATE_SUFFIX). Created, zeroed and stamped with the magic by the
- * first one that needs it (fake_gpu_state_map with create=1), under flock, so concurrent creators agree.
+ * Path: "<$FAKE_NVML_CONFIG>.state" (FAKE_GPU_STATE_SUFFIX), or the config's state= (a container's config names
+ * its node's file, which must exist). Created, zeroed and stamped with the magic by the first one that needs it
+ * (fake_gpu_state_map with create=1), under flock, so concurrent creators agree. Everything per GPU (gpus[],
+ * timeline[], procs[].gpu, events[].gpu_index) is indexed by the GPU's slot: its config line's slot=, by
+ * default its line index, so a container's config can list only its GPUs and still use the node's entries.
  *
  * Who writes what:
  *   lost             tests (FakeDriver.set_lost); NVML queries for that GPU then fail with GPU_IS_LOST
@@ -89,9 +92,9 @@ struct fake_gpu_sample {            /* 16 bytes */
 
 /* A process's context on one GPU: what NVML lists and samples. */
 struct fake_gpu_proc {              /* 64 + 16 * FAKE_GPU_PROC_SAMPLES bytes */
-    int32_t pid;                    /* the process's getpid(); 0 = free */
-    uint32_t host_pid;              /* the pid NVML reports (pid + host_pid_offset) */
-    uint32_t gpu;                   /* config index */
+    int32_t pid;                    /* the process's identity (fake_gpu_ident.h: host pid or getpid()); 0 = free */
+    uint32_t host_pid;              /* the pid NVML reports (the host pid; without a socket pid + offset) */
+    uint32_t gpu;                   /* the GPU's slot */
     uint32_t nsamples;              /* samples taken; the newest is samples[(nsamples - 1) % RING] */
     uint64_t queued_ns;             /* kernel time queued */
     uint64_t busy_ns;               /* kernel time run so far (up to the GPU's settled_at) */
@@ -124,7 +127,7 @@ struct fake_gpu_state {
     uint32_t event_seq;             /* events published so far; futex word */
     uint32_t reserved0;
     uint64_t instance;              /* random, set when the file is stamped: tells a recreated file from the old */
-    uint32_t host_pid_offset;       /* NVML pid = getpid() + this */
+    uint32_t host_pid_offset;       /* NVML pid = getpid() + this, for processes without a driver socket */
     uint32_t sample_period_ms;      /* utilisation sample period; 0 = FAKE_GPU_SAMPLE_MS_DEFAULT */
     uint32_t proc_lock;             /* guards procs[] registration; same protocol as fake_gpu_timeline.lock */
     uint32_t reserved[5];

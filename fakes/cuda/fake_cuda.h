@@ -5,8 +5,8 @@
  * fakes describe the same node (or container: a config listing only some GPUs, each at its node's state slot);
  * CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them among the config's GPUs as the real driver does.
  * With driver_socket= in the config, the process's identity in the shared state is its host pid
- * (fakes/fake_gpu_ident.h); the runtime's integrity check keeps using getpid(), as the runtime does. Memory is accounted across processes in the shared state file (mem_used_bytes), so NVML and
- * cuMemGetInfo agree. Settings of the simulation (env):
+ * (fakes/fake_gpu_ident.h); the runtime's integrity check keeps using getpid(), as the runtime does. Memory is
+ * accounted across processes in the shared state file (mem_used_bytes), so NVML and cuMemGetInfo agree. Settings of the simulation (env):
  *   FAKE_CUDA_CONTEXT_MIB       device memory a process's first context on a GPU takes (default 0)
  *   FAKE_CUDA_NS_PER_BLOCK      simulated kernel time per thread block (default 0: kernels take no time)
  *   FAKE_CUDA_QUEUE_US          work a stream may queue before a launch blocks (default 1000)
@@ -17,7 +17,7 @@
  *   FAKE_CUDA_TRACE             1: print lookups the fake cannot answer, export tables and integrity checks
  * Kernels of every process run on one shared timeline per GPU in the state file (fake_gpu_timeline.h), from
  * which the fake NVML reports the GPU's and each process context's utilisation; a context registers the
- * process there (NVML lists it under pid + host_pid_offset).
+ * process there (NVML lists it under its host pid with a driver socket, else under pid + host_pid_offset).
  *
  * Exported functions are aliases of hidden implementations, and cuGetProcAddress hands out the hidden
  * addresses, as the real driver does: an LD_PRELOAD library can interpose the exported names but not the
