@@ -30,6 +30,22 @@ SLICE_ONLY_ENV = ("LD_PRELOAD",)  # reserved in containers that ask for our GPUs
 RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_", "GPUSHARE_", "ALIYUN_COM_GPU_MEM_", "NVIDIA_VISIBLE_")
 NO_GPU_VALUES = (VOID, "none", "")  # NVIDIA_VISIBLE_DEVICES values that grant nothing (the mutating webhook's)
 CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
+# A denial lists this many problems and counts the rest, and every name it repeats is clipped: a pod of many
+# containers or env entries, or of long names, must not make a message larger than the pod (each problem repeats
+# its container's name).
+MAX_LISTED_PROBLEMS = 20
+NAME_SHOWN = 63
+
+
+def clip(text: str, limit: int = NAME_SHOWN) -> str:
+    """`text` as a message shows it: at most `limit` characters, then how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _listed(problems: list[str]) -> str:
+    shown = problems[:MAX_LISTED_PROBLEMS]
+    more = len(problems) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more problem{'s' if more > 1 else ''} like these" if more else "")
 
 
 @dataclass(frozen=True)
@@ -67,7 +83,7 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
     problems = []
     pod_opted_out = opted_out(pod) or namespace_opted_out
     for field_name, i, spec in _containers(pod, CONTAINER_FIELDS):
-        where = f"{field_name}[{i}] {str(spec.get('name', ''))!r}"
+        where = f"{field_name}[{i}] {clip(str(spec.get('name', '')))!r}"
         ours = _asks_ours(spec, domain)
         for e in spec.get("env") or []:
             if not isinstance(e, Mapping):
@@ -78,8 +94,8 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
             if (name == ENV_NVIDIA_VISIBLE_DEVICES and not ours and "valueFrom" not in e
                     and str(e.get("value", "")).strip().lower() in NO_GPU_VALUES):
                 continue
-            problems.append(f"{where}: sets env {name}, which only the node daemon may set (it grants and limits "
-                            "GPUs); remove it from the pod spec")
+            problems.append(f"{where}: sets env {clip(name)}, which only the node daemon may set (it grants and "
+                            "limits GPUs); remove it from the pod spec")
         voided = not ours and not pod_opted_out
         for src in spec.get("envFrom") or []:
             if not isinstance(src, Mapping):
@@ -89,7 +105,8 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
                 continue
             ref = src.get("configMapRef") or src.get("secretRef") or {}
             kind = "ConfigMap" if "configMapRef" in src else "Secret"
-            problems.append(f"{where}: envFrom {kind} {str(ref.get('name', ''))!r} could set env names only the node "
+            ref_name = clip(str(ref.get("name", "")))
+            problems.append(f"{where}: envFrom {kind} {ref_name!r} could set env names only the node "
                             "daemon may set (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_*, ...), which "
                             "the webhook cannot read; give it a prefix (for example APP_) or list the variables "
                             "under env")
@@ -104,7 +121,7 @@ def validate_update(pod: Mapping, old: Mapping, domain: str = DEFAULT_RESOURCE_D
     probe = {"metadata": pod.get("metadata") or {}, "spec": {"ephemeralContainers": added}}
     problems = env_problems(probe, domain=domain)
     if problems:
-        return Verdict(False, "; ".join(problems), rules=("reserved_env",))
+        return Verdict(False, _listed(problems), rules=("reserved_env",))
     return Verdict(True)
 
 
@@ -121,7 +138,7 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
     try:
         req = pod_request(pod, domain)
     except PodRequestError as exc:
-        return Verdict(False, "; ".join([str(exc), *env]), rules=("pod_request",) + (("reserved_env",) if env else ()))
+        return Verdict(False, _listed([str(exc), *env]), rules=("pod_request",) + (("reserved_env",) if env else ()))
     problems: list[str] = list(env)
     rules: list[str] = ["reserved_env"] * len(env)
 
@@ -132,7 +149,7 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
     names = resource_names(domain)
     n = req.gpus_per_container
     for _, _, spec in _containers(pod):
-        cname = str(spec.get("name", ""))
+        cname = clip(str(spec.get("name", "")))
         res = spec.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         for full in names:
@@ -140,11 +157,11 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
                 deny("requests_only", f"container {cname!r}: {full} is set in requests only; set it in limits "
                      "(extended resources need requests equal to limits)")
             elif full in requests and _differ(requests[full], limits[full]):
-                deny("request_not_limit", f"container {cname!r}: {full} request {requests[full]} differs from its "
-                     f"limit {limits[full]}; set them equal")
+                deny("request_not_limit", f"container {cname!r}: {full} request {clip(str(requests[full]))} differs "
+                     f"from its limit {clip(str(limits[full]))}; set them equal")
     warnings: list[str] = []
     for c in req.gpu_containers:
-        where = f"container {c.name!r}"
+        where = f"container {clip(c.name)!r}"
         if c.count and (c.mem or c.core):
             deny("count_with_share", f"{where}: gpu-count (whole GPUs) cannot be combined with gpu-mem or "
                  f"gpu-core.percentage; to split a share over N GPUs, label the pod "
@@ -170,7 +187,7 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
             if not largest_gpu_units:
                 warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
     if problems:
-        return Verdict(False, "; ".join(problems), rules=tuple(dict.fromkeys(rules)))
+        return Verdict(False, _listed(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
 
 

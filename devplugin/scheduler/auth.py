@@ -1,11 +1,14 @@
-"""Who may call the extender's verbs: kube-scheduler alone, by mutual TLS.
+"""Who may call the extender's verbs (kube-scheduler alone) and the webhooks (anyone, or the apiserver alone), by
+mutual TLS.
 
-The service asks every client for a certificate (CERT_OPTIONAL, verified against --client-ca-file): the apiserver
-calls the admission webhooks without one, kube-scheduler presents the one its KubeSchedulerConfiguration names
-(tlsConfig.certFile/keyFile). A certificate that does not verify ends the TLS handshake (unknown CA). For paths
-under /scheduler/ the verified certificate must name an allowed client (its subject CN or a DNS SAN); anything
-else gets 403 with the reason and a log line. uvicorn does not put the peer certificate in the ASGI scope, so the
-HTTP protocol is wrapped to note each connection's verified names by its client address.
+The service asks every client for a certificate (CERT_OPTIONAL, verified against --client-ca-file): kube-scheduler
+presents the one its KubeSchedulerConfiguration names (tlsConfig.certFile/keyFile); the apiserver presents one only
+when its AdmissionConfiguration gives it a kubeconfig for the webhooks (docs/install.md). A certificate that does
+not verify ends the TLS handshake (unknown CA). For paths under /scheduler/ the verified certificate must name an
+allowed client (its subject CN or a DNS SAN); under /admission/ too when --webhook-client-names names any (else the
+webhooks answer anyone). Anything else gets 403 with the reason and a log line, before the body is read. uvicorn
+does not put the peer certificate in the ASGI scope, so the HTTP protocol is wrapped to note each connection's
+verified names by its client address.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import threading
 from collections.abc import Collection
 from typing import Any
 
+from devplugin.scheduler.log_throttle import LogThrottle
+
 log = logging.getLogger(__name__)
 
 PROTECTED_PREFIX = "/scheduler/"
+WEBHOOK_PREFIX = "/admission/"
 Address = tuple[str, int]
 
 
@@ -93,27 +99,47 @@ def refusal(names: Collection[str], allowed: Collection[str]) -> str:
     return ""
 
 
-class ExtenderAuth:
-    """ASGI middleware: paths under /scheduler/ need a verified certificate naming an allowed client."""
+def webhook_refusal(names: Collection[str], allowed: Collection[str]) -> str:
+    """Why a caller with these certificate names may not call the webhooks, or '' (anyone may when none is named)."""
+    if not allowed or set(names) & set(allowed):
+        return ""
+    wanted = ", ".join(sorted(allowed))
+    if not names:
+        return ("the webhooks answer only the apiserver: present a client certificate signed by the CA of "
+                f"--client-ca-file and naming one of: {wanted} (the apiserver's AdmissionConfiguration kubeconfig, "
+                "docs/install.md)")
+    return (f"client certificate names {', '.join(names)}, which may not call the webhooks; allowed: {wanted} "
+            "(--webhook-client-names)")
 
-    def __init__(self, app: Any, peers: PeerNames, allowed: Collection[str]) -> None:
+
+class ExtenderAuth:
+    """ASGI middleware: paths under /scheduler/ need a verified certificate naming an allowed client; paths under
+    /admission/ one naming a webhook client, when any is named."""
+
+    def __init__(self, app: Any, peers: PeerNames, allowed: Collection[str],
+                 webhook_allowed: Collection[str] = ()) -> None:
         self.app = app
         self.peers = peers
         self.allowed = tuple(allowed)
+        self.webhook_allowed = tuple(webhook_allowed)
+        self.logged = LogThrottle()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(PROTECTED_PREFIX):
+        path = str(scope.get("path", ""))
+        extender = path.startswith(PROTECTED_PREFIX)
+        if scope["type"] != "http" or not (extender or (self.webhook_allowed and path.startswith(WEBHOOK_PREFIX))):
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
         names = self.peers.names((str(client[0]), int(client[1])) if client else None)
-        why = refusal(names, self.allowed)
+        why = refusal(names, self.allowed) if extender else webhook_refusal(names, self.webhook_allowed)
         if not why:
             await self.app(scope, receive, send)
             return
         who = f"{client[0]}:{client[1]}" if client else "unknown"
-        log.warning("caller refused: %s", why, extra={"fields": {"client": who, "path": scope.get("path"),
-                                                                  "names": list(names)}})
+        if self.logged.allow():
+            log.warning("caller refused: %s", why, extra={"fields": {"client": who, "path": path, "names": list(names),
+                                                                      "left_out": self.logged.taken_left_out()}})
         body = json.dumps({"error": why}).encode()
         await send({"type": "http.response.start", "status": 403,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

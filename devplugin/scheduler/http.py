@@ -2,12 +2,19 @@
 
 Every body that is not JSON of the expected shape gets 400 and the reason; a body larger than the limit gets 413
 before it is read whole (its Content-Length, else as soon as the stream passes the limit). Parsing, validation and
-the verbs run in the threadpool, so a large body being parsed does not hold up the event loop that answers the
-apiserver's reviews. Only the leader replica answers the extender's verbs (503 elsewhere: kube-scheduler retries).
+the verbs run in threads, so a large body being parsed does not hold up the event loop. Only the leader replica
+answers the extender's verbs (503 elsewhere: kube-scheduler retries).
+
+Admission reviews are bounded apart from the extender's verbs (review_gate.py, review_limits.py): a review takes
+one of a few slots before its body is read (fairly between client addresses; 429 when none frees in time), its raw
+JSON is refused (413) when it could parse into more values than --max-review-tokens, its pod is denied when it has
+more containers or env entries than a review takes, and it runs on threads of its own, so a flood of reviews
+neither grows the process without bound nor takes the threads kube-scheduler's calls run on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -16,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -26,6 +35,7 @@ from starlette.routing import Route
 
 from devplugin.scheduler import admission, extender
 from devplugin.scheduler.extender import BindError, Cluster
+from devplugin.scheduler.log_throttle import LogThrottle
 from devplugin.scheduler.metrics import SchedulerMetrics
 from devplugin.scheduler.models import (
     AdmissionResponse,
@@ -45,13 +55,19 @@ from devplugin.scheduler.models import (
     Status,
 )
 from devplugin.scheduler.openapi import openapi_document
+from devplugin.scheduler.review_gate import Busy, GateSettings, ReviewGate
+from devplugin.scheduler.review_limits import ReviewLimits, body_problem, pod_shape_problem
 from devplugin.scheduler.service import DEFAULT_MAX_BODY
 from devplugin.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
 EXTENDER_PREFIX = "/scheduler"
+Body = bytes | bytearray
 M = TypeVar("M", bound=BaseModel)
+# A review's body must arrive within this once it has a slot: the apiserver sends it at once (its own timeout for
+# the whole call is the webhook's timeoutSeconds, 5 s as shipped); a caller that trickles it holds a slot no longer.
+BODY_TIMEOUT_S = 3.0
 
 
 class BadRequest(Exception):
@@ -66,6 +82,10 @@ class TooLarge(BadRequest):
     status = 413
 
 
+class TooSlow(BadRequest):
+    status = 408
+
+
 def _always() -> bool:
     return True
 
@@ -77,29 +97,34 @@ class Service:
     max_body: int = DEFAULT_MAX_BODY
     is_leader: Callable[[], bool] = _always  # only the leader decides and binds
     leader_name: Callable[[], str] = str  # who leads, for followers' answers
+    limits: ReviewLimits = ReviewLimits()
+    gate_settings: GateSettings = GateSettings()
     metrics: SchedulerMetrics = field(init=False)
+    gate: ReviewGate = field(init=False)
+    review_threads: CapacityLimiter = field(init=False)  # reviews' own threads; the verbs keep anyio's default pool
+    refusals_logged: LogThrottle = field(default_factory=LogThrottle)
 
     def __post_init__(self) -> None:
         self.metrics = SchedulerMetrics(self.state)
+        self.gate = ReviewGate(self.gate_settings)
+        self.review_threads = CapacityLimiter(self.gate_settings.slots)
 
 
-async def _body(request: Request, limit: int) -> bytes:
+async def _body(request: Request, limit: int) -> bytearray:
     length = request.headers.get("content-length", "")
     if length.isascii() and length.isdigit() and int(length) > limit:
         raise TooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes (--max-body-bytes)")
-    chunks, size = [], 0
+    body = bytearray()  # grown in place: no second copy of the chunks
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+        if len(body) + len(chunk) > limit:
             raise TooLarge(f"body exceeds the limit of {limit} bytes (--max-body-bytes)")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if not body.strip():
+        body += chunk
+    if not body or body.isspace():
         raise BadRequest("empty body; expected a JSON object")
     return body
 
 
-def _parse(model: type[M], body: bytes) -> M:
+def _parse(model: type[M], body: Body) -> M:
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -114,7 +139,31 @@ def _json(model: BaseModel, status: int = 200) -> Response:
                     media_type="application/json")
 
 
-def _handler(svc: Service, fn: Callable[[Service, bytes], Response], leader_only: bool = False
+def _finish(svc: Service, request: Request, start: float, response: Response) -> Response:
+    seconds = time.perf_counter() - start
+    svc.metrics.answered(request.url.path, seconds)
+    if response.status_code == 500 and request.url.path.endswith("/bind"):
+        svc.metrics.bind("error")
+    log.debug("request", extra={"fields": {"path": request.url.path, "status": response.status_code,
+                                           "ms": round(seconds * 1000, 3)}})
+    return response
+
+
+def _bad(svc: Service, request: Request, exc: BadRequest) -> Response:
+    fields = {"path": request.url.path, "status": exc.status,
+              "client": request.client.host if request.client else "unknown"}
+    if svc.refusals_logged.allow():  # a flood of refused posts must not become a flood of log lines
+        log.info("bad request: %s", exc.reason,
+                 extra={"fields": {**fields, "left_out": svc.refusals_logged.taken_left_out()}})
+    return JSONResponse(Problem(error=exc.reason).model_dump(), status_code=exc.status)
+
+
+def _failed(request: Request, exc: Exception) -> Response:
+    log.exception("handler failed", extra={"fields": {"path": request.url.path}})
+    return JSONResponse(Problem(error=f"internal error: {exc}").model_dump(), status_code=500)
+
+
+def _handler(svc: Service, fn: Callable[[Service, Body], Response], leader_only: bool = False
              ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         start = time.perf_counter()
@@ -128,19 +177,45 @@ def _handler(svc: Service, fn: Callable[[Service, bytes], Response], leader_only
             else:
                 response = await run_in_threadpool(fn, svc, await _body(request, svc.max_body))
         except BadRequest as exc:
-            log.info("bad request: %s", exc.reason, extra={"fields": {"path": request.url.path,
-                                                                      "status": exc.status}})
-            response = JSONResponse(Problem(error=exc.reason).model_dump(), status_code=exc.status)
+            response = _bad(svc, request, exc)
         except Exception as exc:  # a bug must not take the service down; kube-scheduler sees an error
-            log.exception("handler failed", extra={"fields": {"path": request.url.path}})
-            response = JSONResponse(Problem(error=f"internal error: {exc}").model_dump(), status_code=500)
-        seconds = time.perf_counter() - start
-        svc.metrics.answered(request.url.path, seconds)
-        if response.status_code == 500 and request.url.path.endswith("/bind"):
-            svc.metrics.bind("error")
-        log.debug("request", extra={"fields": {"path": request.url.path, "status": response.status_code,
-                                               "ms": round(seconds * 1000, 3)}})
-        return response
+            response = _failed(request, exc)
+        return _finish(svc, request, start, response)
+
+    return endpoint
+
+
+def _review_handler(svc: Service, fn: Callable[[Service, Body], Response]) -> Callable[[Request], Awaitable[Response]]:
+    """An admission webhook: a slot of the review gate first, then the body (in time, within the size and token
+    bounds), then `fn` on the reviews' own threads."""
+    async def endpoint(request: Request) -> Response:
+        start = time.perf_counter()
+        client = request.client.host if request.client else "unknown"
+        response: Response
+        try:
+            await svc.gate.acquire(client)
+        except Busy as exc:
+            svc.metrics.refused("busy")
+            response = JSONResponse(Problem(error=f"too many admission reviews at once: {exc}").model_dump(),
+                                    status_code=429, headers={"Retry-After": "1"})
+            return _finish(svc, request, start, response)
+        try:
+            try:
+                body = await asyncio.wait_for(_body(request, svc.max_body), BODY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise TooSlow(f"the body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+            problem = body_problem(body, svc.limits)
+            if problem:
+                raise TooLarge(problem)
+            response = await anyio.to_thread.run_sync(fn, svc, body, limiter=svc.review_threads)
+        except BadRequest as exc:
+            svc.metrics.refused({408: "slow_body", 413: "too_large"}.get(exc.status, "malformed"))
+            response = _bad(svc, request, exc)
+        except Exception as exc:  # a bug must not take the service down; the apiserver applies failurePolicy
+            response = _failed(request, exc)
+        finally:
+            svc.gate.release(client)
+        return _finish(svc, request, start, response)
 
     return endpoint
 
@@ -155,7 +230,7 @@ def _nodes(args: ExtenderArgs) -> list[dict] | None:
     return [n.model_dump(by_alias=True, exclude_none=True) for n in args.Nodes.items]
 
 
-def filter_endpoint(svc: Service, body: bytes) -> Response:
+def filter_endpoint(svc: Service, body: Body) -> Response:
     args = _parse(ExtenderArgs, body)
     nodes = _nodes(args)
     out = extender.filter_nodes(svc.state, _pod_dict(args.Pod), args.NodeNames, nodes)
@@ -174,14 +249,14 @@ def filter_endpoint(svc: Service, body: bytes) -> Response:
     return _json(result)
 
 
-def prioritize_endpoint(svc: Service, body: bytes) -> Response:
+def prioritize_endpoint(svc: Service, body: Body) -> Response:
     args = _parse(ExtenderArgs, body)
     scores = extender.prioritize(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args))
     # HostPriority's shape, written directly: a model per node costs more than the scoring
     return Response(json.dumps([{"Host": h, "Score": s} for h, s in scores]), media_type="application/json")
 
 
-def preempt_endpoint(svc: Service, body: bytes) -> Response:
+def preempt_endpoint(svc: Service, body: Body) -> Response:
     args = _parse(ExtenderPreemptionArgs, body)
     victims: dict[str, list[str]] = {}
     pdb: dict[str, int] = {}
@@ -195,7 +270,7 @@ def preempt_endpoint(svc: Service, body: bytes) -> Response:
         for node, uids in kept.items()}))
 
 
-def bind_endpoint(svc: Service, body: bytes) -> Response:
+def bind_endpoint(svc: Service, body: Body) -> Response:
     args = _parse(ExtenderBindingArgs, body)
     if svc.cluster is None:
         svc.metrics.bind("no_apiserver")
@@ -211,25 +286,48 @@ def bind_endpoint(svc: Service, body: bytes) -> Response:
     return _json(ExtenderBindingResult())
 
 
-def _review(body: bytes) -> tuple[AdmissionReview, dict | None]:
+def _review(svc: Service, body: Body) -> tuple[AdmissionReview, dict | None, str]:
+    """The review, its pod (None when it is not about one) and why the pod is too large to review ('' if not):
+    counts and name sizes are checked on the parsed JSON before any model is built from the pod."""
     review = _parse(AdmissionReview, body)
     req = review.request
     if req.kind.kind not in ("", "Pod") or req.object is None:
-        return review, None
+        return review, None, ""
+    too_large = (pod_shape_problem(req.object, svc.limits)
+                 or pod_shape_problem(req.oldObject, svc.limits, "the pod before this update"))
+    if too_large:
+        return review, req.object, too_large
     try:
         PodObject.model_validate(req.object)
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
         raise BadRequest(f"request.object is not a Pod: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
-    return review, req.object
+    return review, req.object, ""
 
 
-def validate_endpoint(svc: Service, body: bytes) -> Response:
-    review, pod = _review(body)
+def _who(review: AdmissionReview, pod: dict) -> str:
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    return admission.clip(f"{review.request.namespace}/{meta.get('name') or meta.get('generateName')}", 253)
+
+
+def _too_large(svc: Service, webhook: str, review: AdmissionReview, pod: dict, why: str) -> Response:
+    svc.metrics.review(webhook, "denied", ("pod_shape",))
+    if svc.refusals_logged.allow():
+        log.info("pod denied: %s", why, extra={"fields": {"pod": _who(review, pod), "webhook": webhook,
+                                                           "left_out": svc.refusals_logged.taken_left_out()}})
+    return _json(AdmissionReviewResponse(response=AdmissionResponse(
+        uid=review.request.uid, allowed=False, status=Status(code=403, reason="Forbidden", message=why))))
+
+
+def validate_endpoint(svc: Service, body: Body) -> Response:
+    review, pod, too_large = _review(svc, body)
     uid = review.request.uid
     if pod is None or review.request.operation not in ("CREATE", "UPDATE"):
         svc.metrics.review("validate", "allowed")
         return _json(AdmissionReviewResponse(response=AdmissionResponse(uid=uid, allowed=True)))
+    if too_large:
+        return _too_large(svc, "validate", review, pod, too_large)
     if review.request.operation == "UPDATE":
         verdict = admission.validate_update(pod, review.request.oldObject or {}, svc.state.domain)
     else:
@@ -238,15 +336,15 @@ def validate_endpoint(svc: Service, body: bytes) -> Response:
     resp = AdmissionResponse(uid=uid, allowed=verdict.allowed, warnings=list(verdict.warnings) or None)
     if not verdict.allowed:
         resp.status = Status(code=403, reason="Forbidden", message=verdict.message)
-        meta = pod.get("metadata") or {}
-        who = f"{review.request.namespace}/{meta.get('name') or meta.get('generateName')}"
-        log.info("pod denied: %s", verdict.message, extra={"fields": {"pod": who}})
+        log.info("pod denied: %s", verdict.message, extra={"fields": {"pod": _who(review, pod)}})
     return _json(AdmissionReviewResponse(response=resp))
 
 
-def mutate_endpoint(svc: Service, body: bytes) -> Response:
-    review, pod = _review(body)
+def mutate_endpoint(svc: Service, body: Body) -> Response:
+    review, pod, too_large = _review(svc, body)
     uid = review.request.uid
+    if pod is not None and too_large and review.request.operation in ("CREATE", "UPDATE"):
+        return _too_large(svc, "mutate", review, pod, too_large)
     resp = AdmissionResponse(uid=uid, allowed=True)
     if pod is not None and review.request.operation in ("CREATE", "UPDATE"):
         # namespaces opt out through the webhook's namespaceSelector; an UPDATE adds ephemeral containers
@@ -285,8 +383,8 @@ def build_app(svc: Service) -> Starlette:
         Route(f"{EXTENDER_PREFIX}/prioritize", _handler(svc, prioritize_endpoint, True), methods=["POST"]),
         Route(f"{EXTENDER_PREFIX}/preempt", _handler(svc, preempt_endpoint, True), methods=["POST"]),
         Route(f"{EXTENDER_PREFIX}/bind", _handler(svc, bind_endpoint, True), methods=["POST"]),
-        Route("/admission/validate", _handler(svc, validate_endpoint), methods=["POST"]),
-        Route("/admission/mutate", _handler(svc, mutate_endpoint), methods=["POST"]),
+        Route("/admission/validate", _review_handler(svc, validate_endpoint), methods=["POST"]),
+        Route("/admission/mutate", _review_handler(svc, mutate_endpoint), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

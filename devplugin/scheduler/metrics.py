@@ -22,6 +22,7 @@ VERBS = ("filter", "prioritize", "preempt", "bind")
 WEBHOOKS = ("validate", "mutate")
 BIND_OUTCOMES = ("bound", "failed", "no_apiserver", "error")
 FILTER_RESULTS = ("passed", "failed", "unresolvable")
+REFUSALS = ("busy", "too_large", "slow_body", "malformed")
 # kube-scheduler waits up to its extender timeout (5 s by default) for an answer; most take well under 10 ms.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -50,6 +51,10 @@ class SchedulerMetrics:
         self.reviews = Counter(
             PREFIX + "webhook_reviews", "Admission reviews by webhook and result: allowed, denied, patched",
             ["webhook", "result"], registry=self.registry)
+        self.refusals = Counter(
+            PREFIX + "webhook_refused", "Admission posts answered with an error before any verdict, by reason: busy "
+            "(no review slot freed in time: 429), too_large (over --max-body-bytes or --max-review-tokens: 413), "
+            "slow_body (the body did not arrive in time: 408), malformed (400)", ["reason"], registry=self.registry)
         for verb in VERBS:
             self.extender_latency.labels(verb)
         for outcome in BIND_OUTCOMES:
@@ -58,6 +63,8 @@ class SchedulerMetrics:
             self.filtered.labels(result)
         for hook in WEBHOOKS:
             self.webhook_latency.labels(hook)
+        for reason in REFUSALS:
+            self.refusals.labels(reason)
         self.registry.register(StateCollector(state))
 
     def answered(self, path: str, seconds: float) -> None:
@@ -75,6 +82,9 @@ class SchedulerMetrics:
         for result, n in zip(FILTER_RESULTS, (passed, failed, unresolvable), strict=True):
             if n:
                 self.filtered.labels(result).inc(n)
+
+    def refused(self, reason: str) -> None:
+        self.refusals.labels(reason).inc()
 
     def review(self, webhook: str, result: str, rules: tuple[str, ...] = ()) -> None:
         self.reviews.labels(webhook, result).inc()

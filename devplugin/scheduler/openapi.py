@@ -38,6 +38,7 @@ def openapi_document() -> dict[str, Any]:
     refs, defs = models_json_schema([(m, "validation") for m in models],
                                     ref_template="#/components/schemas/{model}")
     paths: dict[str, Any] = {}
+    problem = {"application/json": {"schema": refs[(Problem, "validation")]}}
     for path, req, resp, summary in _ROUTES:
         if resp == list[HostPriority]:
             resp_schema = TypeAdapter(list[HostPriority]).json_schema(ref_template="#/components/schemas/{model}")
@@ -49,10 +50,17 @@ def openapi_document() -> dict[str, Any]:
                             "content": {"application/json": {"schema": refs[(req, "validation")]}}},
             "responses": {
                 "200": {"description": "answer", "content": {"application/json": {"schema": resp_schema}}},
-                "400": {"description": "malformed or oversized body",
-                        "content": {"application/json": {"schema": refs[(Problem, "validation")]}}},
+                "400": {"description": "malformed body", "content": problem},
+                "413": {"description": "body over --max-body-bytes, or a review over --max-review-tokens",
+                        "content": problem},
             },
         }}
+        if path.startswith("/admission/"):
+            paths[path]["post"]["responses"].update({
+                "408": {"description": "the body did not arrive in time", "content": problem},
+                "429": {"description": "no review slot freed within --max-review-wait", "content": problem}})
+        else:
+            paths[path]["post"]["responses"]["503"] = {"description": "not the leader", "content": problem}
     for path in ("/healthz", "/readyz"):
         paths[path] = {"get": {"responses": {"200": {"description": "ok"}, "503": {"description": "not ready"}}}}
     return {"openapi": "3.1.0", "info": {"title": "devplugin scheduler", "version": "1"}, "paths": paths,

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from devplugin.app import logs
+from devplugin.scheduler.review_gate import DEFAULT_MAX_WAIT_S, DEFAULT_SLOTS
+from devplugin.scheduler.review_limits import DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_ENV, DEFAULT_MAX_TOKENS
 from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "answer only clients that present one it signed naming an --allowed-client-names entry")
     p.add_argument("--allowed-client-names", default=_env("allowed-client-names", DEFAULT_ALLOWED_CLIENTS),
                    help="comma-separated names (certificate CN or DNS SAN) allowed to call the extender's verbs")
+    p.add_argument("--webhook-client-names", default=_env("webhook-client-names", ""),
+                   help="comma-separated names (certificate CN or DNS SAN, signed by --client-ca-file) allowed to call "
+                        "the webhooks: the apiserver's, from its AdmissionConfiguration kubeconfig; empty (default): "
+                        "the webhooks answer any caller")
     p.add_argument("--plain-http", action="store_true", default=_env("plain-http", "") == "true",
                    help="serve plain HTTP with no caller check (local trials only: the apiserver calls webhooks "
                         "over HTTPS)")
@@ -64,6 +70,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a GPU choice is held for a pod the watch has not yet shown bound")
     p.add_argument("--max-body-bytes", type=int, default=int(_env("max-body-bytes", str(DEFAULT_MAX_BODY))),
                    help="larger request bodies get 413 before they are read whole")
+    p.add_argument("--max-review-tokens", type=int,
+                   default=int(_env("max-review-tokens", str(DEFAULT_MAX_TOKENS))),
+                   help="an admission review whose raw JSON could parse into more values and keys gets 413 unparsed")
+    p.add_argument("--max-pod-containers", type=int,
+                   default=int(_env("max-pod-containers", str(DEFAULT_MAX_CONTAINERS))),
+                   help="a pod with more containers (init, app and ephemeral) is denied before it is reviewed")
+    p.add_argument("--max-container-env", type=int, default=int(_env("max-container-env", str(DEFAULT_MAX_ENV))),
+                   help="a pod with a container of more env and envFrom entries is denied before it is reviewed")
+    p.add_argument("--max-concurrent-reviews", type=int,
+                   default=int(_env("max-concurrent-reviews", str(DEFAULT_SLOTS))),
+                   help="admission reviews read and judged at once (half of them at most for one client address); "
+                        "the others wait their turn, at most --max-review-wait seconds")
+    p.add_argument("--max-review-wait", type=float,
+                   default=float(_env("max-review-wait", str(DEFAULT_MAX_WAIT_S))),
+                   help="seconds a review waits for its turn before it gets 429 (the apiserver then applies the "
+                        "webhook's failurePolicy)")
     p.add_argument("--log-level", default=_env("log-level", "INFO"),
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--log-format", default=_env("log-format", "json"), choices=("text", "json"))
@@ -94,7 +116,22 @@ def check_arguments(args: argparse.Namespace) -> str:
         return f"--port {args.port}: must be 1..65535"
     if args.assume_ttl <= 0 or args.max_body_bytes <= 0:
         return "--assume-ttl and --max-body-bytes must be positive"
+    bounds = (("--max-review-tokens", args.max_review_tokens), ("--max-pod-containers", args.max_pod_containers),
+              ("--max-container-env", args.max_container_env),
+              ("--max-concurrent-reviews", args.max_concurrent_reviews))
+    for flag, value in bounds:
+        if value <= 0:
+            return f"{flag} {value}: must be a positive number"
+    if not args.max_review_wait > 0:
+        return f"--max-review-wait {args.max_review_wait}: must be positive (seconds)"
+    if webhook_names(args) and args.plain_http:
+        return ("--webhook-client-names needs TLS with --client-ca-file: callers are named by their client "
+                "certificate, which --plain-http cannot check")
     return ""
+
+
+def webhook_names(args: argparse.Namespace) -> list[str]:
+    return [n.strip() for n in args.webhook_client_names.split(",") if n.strip()]
 
 
 FREEZE_EVERY_S = 300.0
@@ -116,10 +153,12 @@ def freeze_long_lived(state: ClusterState, frozen_at: float, now: float | None =
 
 
 def server_config(app: Any, host: str, port: int, cert_file: str = "", key_file: str = "", client_ca_file: str = "",
-                  allowed_clients: Sequence[str] = (DEFAULT_ALLOWED_CLIENTS,)) -> Any:
+                  allowed_clients: Sequence[str] = (DEFAULT_ALLOWED_CLIENTS,),
+                  webhook_clients: Sequence[str] = ()) -> Any:
     """A loaded uvicorn.Config serving `app`: over TLS when cert_file is given, asking every client for a certificate
-    signed by client_ca_file, with the extender's verbs open only to `allowed_clients` (devplugin.scheduler.auth).
-    Without cert_file: plain HTTP, no caller check (local trials)."""
+    signed by client_ca_file, with the extender's verbs open only to `allowed_clients` and the webhooks to
+    `webhook_clients` when it names any (devplugin.scheduler.auth). Without cert_file: plain HTTP, no caller check
+    (local trials)."""
     import ssl
 
     import uvicorn
@@ -131,7 +170,8 @@ def server_config(app: Any, host: str, port: int, cert_file: str = "", key_file:
     if cert_file:
         tls = {"ssl_certfile": cert_file, "ssl_keyfile": key_file, "ssl_ca_certs": client_ca_file or None,
                "ssl_cert_reqs": ssl.CERT_OPTIONAL if client_ca_file else ssl.CERT_NONE}
-        app = ExtenderAuth(app, peers, [n.strip() for n in allowed_clients if n.strip()])
+        app = ExtenderAuth(app, peers, [n.strip() for n in allowed_clients if n.strip()],
+                           [n.strip() for n in webhook_clients if n.strip()])
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off", **tls)
     config.load()
     if cert_file:
@@ -147,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     from devplugin.scheduler.http import Service, build_app
     from devplugin.scheduler.informer import start_informers
     from devplugin.scheduler.leader import LeaderElector
+    from devplugin.scheduler.review_gate import GateSettings
+    from devplugin.scheduler.review_limits import ReviewLimits
     from devplugin.scheduler.tls import CertReloader
 
     logs.setup(args.log_level, args.log_format)
@@ -157,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 1
     informers = start_informers(client, state)
-    svc = Service(state, KubeCluster(client), max_body=args.max_body_bytes)
+    svc = Service(state, KubeCluster(client), max_body=args.max_body_bytes,
+                  limits=ReviewLimits(args.max_review_tokens, args.max_pod_containers, args.max_container_env),
+                  gate_settings=GateSettings(args.max_concurrent_reviews, args.max_review_wait))
     elector = None
     if args.leader_elect:
         elector = LeaderElector(client, args.leader_elect_namespace, args.leader_elect_name,
@@ -168,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
                            "" if args.plain_http else args.tls_cert_file,
                            "" if args.plain_http else args.tls_private_key_file,
                            "" if args.plain_http else args.client_ca_file,
-                           args.allowed_client_names.split(","))
+                           args.allowed_client_names.split(","), webhook_names(args))
     reloader = None
     if config.ssl is not None:
         reloader = CertReloader(config.ssl, args.tls_cert_file, args.tls_private_key_file).start()
@@ -185,7 +229,9 @@ def run(args: argparse.Namespace) -> int:
         elector.start()
     log.info("scheduler extender and webhooks listening",
              extra={"fields": {"address": args.address, "port": args.port, "tls": not args.plain_http,
-                               "client_ca": args.client_ca_file, "leader_elect": args.leader_elect}})
+                               "client_ca": args.client_ca_file, "leader_elect": args.leader_elect,
+                               "webhook_clients": webhook_names(args) or "anyone",
+                               "concurrent_reviews": args.max_concurrent_reviews}})
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
             if elector is not None:  # stop deciding and hand the Lease over now, not after the connections close
