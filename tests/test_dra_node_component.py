@@ -78,7 +78,7 @@ def test_the_daemonset_runs_the_plugin_on_dra_nodes_with_real_flags(tmp_path: Pa
 def test_the_rbac_is_what_the_plugin_calls() -> None:
     role = next(d for d in yaml.safe_load_all((COMPONENT / "rbac.yaml").read_text()) if d["kind"] == "ClusterRole")
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
-    assert rules == {("resource.k8s.io", "resourceslices"): {"get", "create", "update", "delete"},
+    assert rules == {("resource.k8s.io", "resourceslices"): {"get", "list", "create", "update", "delete"},
                      ("resource.k8s.io", "resourceclaims"): {"get"}, ("", "pods"): {"get"},
                      ("", "nodes"): {"list", "watch"}}
 

@@ -8,6 +8,8 @@ One pool per node (named after the node) in two slices, as the API wants counter
   the scheduler gives a GPU either to shares or to one whole claim, never both: a device that allows multiple
   allocations takes its counters with its first share and gives them back with its last.
 A GPU the health watcher failed carries the NoSchedule taint `gpu.gpushare.io/unhealthy` on both its devices.
+The names are the first-tried ones (devplugin/dra/slice_names.py); the publisher gives a slice another name of the
+node's own when that one is taken.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from devplugin import contract
 from devplugin.dra.capacity import GpuCapacity, cores_policy, memory_offered, memory_policy
+from devplugin.dra.slice_names import slice_names
 from devplugin.gpu.facts import GpuFacts
 from devplugin.gpu.inventory import GPU
 
@@ -48,11 +51,6 @@ def whole_name(gpu: GPU) -> str:
 
 def counter_name(gpu: GPU) -> str:
     return f"gpu-{gpu.index}"
-
-
-def slice_names(node: str) -> tuple[str, str]:
-    """(counters slice, devices slice)."""
-    return f"{node}-gpushare-counters", f"{node}-gpushare-devices"
 
 
 def devices_by_name(gpus: Sequence[GPU]) -> dict[str, DeviceRef]:
