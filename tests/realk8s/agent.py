@@ -10,7 +10,8 @@ It serves <root>/device-plugins/kubelet.sock and <root>/pod-resources/kubelet.so
 Node and reads its pods, retrying while the apiserver cannot be reached; it also runs the kubelet's DRA manager and
 plugin watcher on --plugins-registry-dir, default <root>/plugins_registry, and resolves CDI devices from --cdi-dir,
 default <root>/cdi). Control API: GET /healthz, GET /books, GET /claims and GET /drivers/NAME (with --kubeconfig),
-POST /admit (standalone only; a v1.Pod as JSON with metadata.uid) and POST /end ({"uid": ...}).
+POST /admit (standalone only; a v1.Pod as JSON with metadata.uid) and POST /end ({"uid": ...}); with
+--runtime runc (every admitted container runs): POST /exec and GET /logs/NS/POD/CONTAINER.
 """
 
 from __future__ import annotations
@@ -170,6 +171,29 @@ class NodeAgent:
         result: dict[str, Any] = self._call("POST", "/end", {"uid": uid})
         return result
 
+    def exec(self, ns: str, pod: str, container: str, command: Sequence[str], stdin: str | None = None,
+             timeout: float = 120) -> dict[str, Any]:
+        """Run command in a running container of a pod of this node (`kubectl exec`); {"exitCode", "stdout",
+        "stderr", "error"?} once it ended."""
+        body: dict[str, Any] = {"namespace": ns, "pod": pod, "container": container, "command": list(command),
+                                "timeoutSeconds": timeout}
+        if stdin is not None:
+            body["stdin"] = stdin
+        result: dict[str, Any] = self._call("POST", "/exec", body, timeout=timeout + 30)
+        return result
+
+    def logs(self, ns: str, pod: str, container: str, previous: bool = False) -> str:
+        """A container's output (`kubectl logs`, `--previous` with previous)."""
+        if not self.url:
+            raise AgentError("the node agent is not running")
+        url = f"{self.url}/logs/{ns}/{pod}/{container}" + ("?previous=true" if previous else "")
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                return str(resp.read().decode(errors="replace"))
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")
+            raise AgentError(f"logs of {ns}/{pod}/{container}: HTTP {e.code}: {body}") from e
+
     def wait_books(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
         """Poll the books until pred holds; raises AgentError with the last books otherwise."""
         deadline = time.monotonic() + timeout
@@ -200,3 +224,14 @@ def pod_manifest(name: str, uid: str, containers: Sequence[dict[str, int]], *,
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"initContainers": [ctr("i", i, c) for i, c in enumerate(init_containers)],
                      "containers": [ctr("c", i, c) for i, c in enumerate(containers)]}}
+
+
+def cleanup_node(root: Path, netns_prefix: str = "", binary_dir: Path | None = None) -> None:
+    """`nodeagent cleanup`: every container, mount and pod network namespace a node agent of `root` left."""
+    exe = (binary_dir or Path(binary("nodeagent")).parent) / "nodeagent"
+    args = [str(exe), "cleanup", "--root", str(root)]
+    if netns_prefix:
+        args += ["--netns-prefix", netns_prefix]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise AgentError(f"nodeagent cleanup of {root} failed: {proc.stderr}")

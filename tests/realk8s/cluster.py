@@ -13,7 +13,11 @@ What runs (each a local process in its own process group, logs under the cluster
   configuration without the extender;
 - N nodes, each a node agent (`e2e/bin/nodeagent`: the kubelet's device manager and PodResources server, with a
   node identity `system:node:<name>`) and `devplugin serve` on the fake driver (8 x 80 GiB by default) with a
-  token of the node daemon's ServiceAccount (kube-system/gpushare-devplugin).
+  token of the node daemon's ServiceAccount (kube-system/gpushare-devplugin);
+- the node agents run every admitted pod's containers for real (`--runtime runc`: runc, the images of
+  tests/realk8s/images.py, each pod in a network namespace of its own on the cluster's bridge
+  (tests/realk8s/podnetwork.py), the NVIDIA container toolkit's rules over the node's fake driver), so a test
+  asserts what the workload inside saw (`Cluster.exec`, `Cluster.logs`, `Cluster.probe`).
 
 No kube-controller-manager runs. What its controllers would do, the harness does where the tests need it:
 - node lifecycle: the node agent removes the `node.kubernetes.io/not-ready` taint that TaintNodesByCondition puts on
@@ -48,14 +52,17 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
-from tests.realk8s import books, kubeconfigs, manifests
-from tests.realk8s.agent import NodeAgent
+from tests.realk8s import books, images, kubeconfigs, manifests
+from tests.realk8s.agent import AgentError, NodeAgent, cleanup_node
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
+from tests.realk8s.podnetwork import PodNetwork
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
 REPO = manifests.REPO
+FAKES = REPO / "build" / "fakes"
+SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
 BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))  # REALK8S_BIN: binaries built elsewhere
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "nodeagent")
 MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
@@ -80,6 +87,10 @@ class Spec:
     placement: str = "binpack"
     extender: bool = True  # kube-scheduler calls `devplugin scheduler`; False: the plain kube-scheduler
     status_period: str = "10s"  # the node agents' status period (the kubelet's nodeStatusUpdateFrequency)
+    runtime: bool = True  # the node agents run the pods' containers (runc); False: pods are Running at admission
+    device_list_strategy: str = "envvar"  # the node daemons' --device-list-strategy
+    toolkit_volume_mounts: bool = False  # the toolkit takes the device list from volume mounts, not the env
+    crash_backoff: str = "10s"  # the node agents' first crash-loop back-off
 
 
 def missing_binaries() -> list[str]:
@@ -174,6 +185,8 @@ class Cluster:
     took: float = 0.0  # seconds the bring-up took
     objects: list[dict[str, Any]] = field(default_factory=list)  # the project's manifests as applied
     service_args: list[str] = field(default_factory=list)  # the Deployment's `devplugin scheduler` arguments
+    image_table: Path = Path()  # the node agents' image table (tests/realk8s/images.py)
+    network: PodNetwork | None = None
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> Cluster:
@@ -189,6 +202,9 @@ class Cluster:
         self._apply_manifests(pki)
         self._start_extender(pki)
         self._start_scheduler(pki, self.spec.extender)
+        if self.spec.runtime:
+            self.image_table = images.build(self.root / "images", images.default_tools())
+            self.network = PodNetwork.create()
         self._start_nodes(pki)
         self.took = time.monotonic() - t0
         return self
@@ -239,8 +255,10 @@ class Cluster:
         self.extender_base = f"https://127.0.0.1:{self.extender_port}"
         objects = manifests.adapt(manifests.render(), self.extender_base, pki.ca.cert.read_bytes())
         self.applied = manifests.apply(objects, self.admin)
-        for ns in ("default", "kube-system"):  # the service-account controller's job
+        for ns in ("default", "kube-system"):  # the service-account controller's and root-ca-cert-publisher's job
             self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+            self.core.create_namespaced_config_map(ns, {"metadata": {"name": "kube-root-ca.crt"},
+                                                        "data": {"ca.crt": pki.ca.cert.read_text()}})
         self.service_args = manifests.scheduler_service_args(objects)
         self.objects = objects
 
@@ -314,14 +332,16 @@ class Cluster:
                                         cert=cert)
             agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
                               extra_args=["--status-period", self.spec.status_period,
-                                          "--control-addr", "127.0.0.1:0"], binary_dir=BIN)
+                                          "--control-addr", "127.0.0.1:0", *self._runtime_args(i, driver)],
+                              binary_dir=BIN)
             daemon_kc = root / "gpushare-devplugin.kubeconfig"  # written once the Node exists (below)
             health = free_port()
             daemon = self._proc(f"{name}-daemon", [
                 sys.executable, "-m", "devplugin", "serve", "--node-name", name, "--kubeconfig", str(daemon_kc),
                 "--plugin-dir", str(root / "device-plugins"),
                 "--pod-resources-socket", str(root / "pod-resources" / "kubelet.sock"),
-                "--mode", self.spec.mode, "--shim", "off", "--state-dir", str(root / "state"),
+                "--mode", self.spec.mode, *self._shim_args(), "--state-dir", str(root / "state"),
+                "--device-list-strategy", self.spec.device_list_strategy,
                 "--shim-state-dir", str(root / "shim"), "--health-port", str(health)],
                 env={**os.environ, **driver.env()})
             self.nodes.append(Node(name, root, driver, agent, daemon, health))
@@ -343,6 +363,67 @@ class Cluster:
             node.wait_daemon_ready()
         for node in self.nodes:
             self.wait_node_serving(node)
+
+    def _runtime_args(self, i: int, driver: FakeDriver) -> list[str]:
+        """The node agent's container runtime: runc, the image table, the pod network, the toolkit over the
+        node's fake driver."""
+        if not self.spec.runtime:
+            return []
+        assert self.network is not None
+        knobs = [f"{k}={v}" for k, v in sorted(driver.env().items())
+                 if k not in ("FAKE_NVML_CONFIG", "LD_LIBRARY_PATH")]
+        args = ["--runtime", "runc", "--images", str(self.image_table), *self.network.agent_args(i),
+                "--netns-prefix", self.netns_prefix(i), "--nvidia-config", str(driver.config_path),
+                "--nvidia-libs", str(FAKES), "--crash-backoff", self.spec.crash_backoff,
+                f"--toolkit-accept-volume-mounts={str(self.spec.toolkit_volume_mounts).lower()}",
+                f"--toolkit-accept-envvar-when-unprivileged={str(not self.spec.toolkit_volume_mounts).lower()}"]
+        for k in knobs:
+            args += ["--nvidia-env", k]
+        return args
+
+    def netns_prefix(self, i: int) -> str:
+        assert self.network is not None
+        return f"{self.network.name[:8]}{i}-"
+
+    def _shim_args(self) -> list[str]:
+        """The node daemon delivers the shim when pods run (their containers preload it); off otherwise."""
+        if self.spec.runtime and SHIM_LIB.exists():
+            return ["--shim", "on", "--shim-lib", str(SHIM_LIB)]
+        return ["--shim", "off"]
+
+    # --- inside the pods ------------------------------------------------------------------------------------------
+    def _agent_of(self, ns: str, pod: str) -> NodeAgent:
+        p = self.core.read_namespaced_pod(pod, ns)
+        if not p.spec.node_name:
+            raise AssertionError(f"pod {ns}/{pod} is not bound to a node")
+        return self.node(p.spec.node_name).agent
+
+    def exec(self, ns: str, pod: str, container: str, command: list[str], stdin: str | None = None,
+             timeout: float = 120) -> dict[str, Any]:
+        """`kubectl exec`: run command in the container; {"exitCode", "stdout", "stderr", "error"?}."""
+        return self._agent_of(ns, pod).exec(ns, pod, container, command, stdin=stdin, timeout=timeout)
+
+    def container_logs(self, ns: str, pod: str, container: str, previous: bool = False) -> str:
+        """`kubectl logs`: the container's output."""
+        return self._agent_of(ns, pod).logs(ns, pod, container, previous=previous)
+
+    def probe(self, ns: str, pod: str, container: str, timeout: float = 60) -> dict[str, Any]:
+        """The view the workload probe printed in the container (its first line), waiting for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                for line in self.container_logs(ns, pod, container).splitlines():
+                    if line.startswith('{"probe"'):
+                        out: dict[str, Any] = json.loads(line)["probe"]
+                        return out
+            except (AgentError, AssertionError):
+                pass  # not bound to a node yet, or not started yet
+            if time.monotonic() > deadline:
+                p = self.core.read_namespaced_pod(pod, ns)
+                raise AssertionError(f"no probe output from {ns}/{pod}/{container} within {timeout:.0f} s: "
+                                     f"{p.spec.node_name or 'not bound'}, {p.status.phase}, "
+                                     f"{p.status.container_statuses or p.status.conditions}")
+            time.sleep(0.1)
 
     # --- nodes -------------------------------------------------------------------------------------------------
     def _node_or_none(self, name: str) -> k8s.V1Node | None:
@@ -418,6 +499,9 @@ class Cluster:
         name = f"{prefix}-{os.urandom(3).hex()}"
         self.core.create_namespace({"metadata": {"name": name}})
         self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+        assert self.pki is not None  # the root-ca-cert-publisher's job: pods' service-account volumes read it
+        self.core.create_namespaced_config_map(name, {"metadata": {"name": "kube-root-ca.crt"},
+                                                      "data": {"ca.crt": self.pki.ca.cert.read_text()}})
         return name
 
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
@@ -443,9 +527,14 @@ class Cluster:
             self.procs[name].stop()
         for node in self.nodes:
             node.agent.stop()
+        if self.spec.runtime:
+            for i, node in enumerate(self.nodes):
+                cleanup_node(node.root, self.netns_prefix(i) if self.network else "")
         for name in ["kube-scheduler", "devplugin-scheduler", "kube-apiserver", "etcd"]:
             if name in self.procs:
                 self.procs[name].stop()
+        if self.network is not None:
+            self.network.delete()
 
 
 # --- pytest fixtures -----------------------------------------------------------------------------------------

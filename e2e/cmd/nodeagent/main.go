@@ -45,12 +45,23 @@ import (
 	"github.com/gpushare/devplugin/e2e/internal/devices"
 	"github.com/gpushare/devplugin/e2e/internal/dra"
 	"github.com/gpushare/devplugin/e2e/internal/nodestatus"
+	"github.com/gpushare/devplugin/e2e/internal/oci"
 	"github.com/gpushare/devplugin/e2e/internal/podresources"
 	"github.com/gpushare/devplugin/e2e/internal/pods"
+	"github.com/gpushare/devplugin/e2e/internal/podworker"
 	"github.com/gpushare/devplugin/e2e/internal/standalone"
+	"github.com/gpushare/devplugin/e2e/internal/statusmgr"
 )
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "container-shim":
+			os.Exit(shimMain(os.Args[2:]))
+		case "cleanup":
+			os.Exit(cleanupMain(os.Args[2:]))
+		}
+	}
 	opts, err := parseFlags(os.Args[1:], os.Stderr)
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
@@ -132,6 +143,29 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 		}
 		api.Claims, api.Registered = draNode.Claims, draNode.Registered
 		adm := admission.New(root, dm, tm, table, sources, syncer.Cached).WithDRA(draNode)
+		status := statusmgr.New(client)
+		status.Run(ctx, 4)
+		var rt *podworker.Runtime
+		if o.runtime == "runc" {
+			rt, err = newRuntime(ctx, o, root, client, dm, table, adm, status)
+			if err != nil {
+				return err
+			}
+			api.Exec = func(ns, name, container string, cmd []string, stdin []byte, timeout time.Duration) (oci.ExecResult, error) {
+				pod, ok := findPod(table, ns, name)
+				if !ok {
+					return oci.ExecResult{}, control.ErrNotFound
+				}
+				return rt.Exec(ctx, pod.UID, container, cmd, stdin, timeout)
+			}
+			api.Logs = func(ns, name, container string, previous bool) ([]byte, error) {
+				pod, ok := findPod(table, ns, name)
+				if !ok {
+					return nil, control.ErrNotFound
+				}
+				return rt.Logs(pod.UID, container, previous)
+			}
+		}
 		api.End = func(uid types.UID) error {
 			pod, ok := table.Get(uid)
 			if !ok {
@@ -147,7 +181,7 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 			}
 			go syncer.Run(ctx)
 			go syncer.Watch(ctx)
-			s := &apisync.Sync{Client: client, Node: o.nodeName, Admit: adm, Table: table, Sources: sources}
+			s := &apisync.Sync{Client: client, Node: o.nodeName, Admit: adm, Table: table, Sources: sources, Runtime: rt, Status: status}
 			_ = untilDone(ctx, "follow the node's pods", s.Run)
 			return nil
 		}

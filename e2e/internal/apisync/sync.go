@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -11,11 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
 	"github.com/gpushare/devplugin/e2e/internal/admission"
 	"github.com/gpushare/devplugin/e2e/internal/pods"
+	"github.com/gpushare/devplugin/e2e/internal/podworker"
+	"github.com/gpushare/devplugin/e2e/internal/statusmgr"
 )
 
 // Sync admits and finishes the node's pods from the apiserver.
@@ -25,6 +27,10 @@ type Sync struct {
 	Admit   *admission.Admitter
 	Table   *pods.Table
 	Sources *pods.SourcesReady
+	// Runtime runs the admitted pods' containers (nil: none run, an admitted pod is written Running at once).
+	Runtime *podworker.Runtime
+	// Status writes the pods' statuses until they land.
+	Status *statusmgr.Manager
 
 	events chan event
 }
@@ -49,6 +55,9 @@ func (s *Sync) Run(ctx context.Context) error {
 		switch {
 		case p.Status.Phase == v1.PodRunning:
 			s.Admit.Adopt(p)
+			if s.Runtime != nil {
+				s.Runtime.Run(p)
+			}
 		case p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodSucceeded:
 			s.Table.Add(p)
 			s.Table.SetPhase(p.UID, p.Status.Phase)
@@ -57,6 +66,13 @@ func (s *Sync) Run(ctx context.Context) error {
 		}
 	}
 	s.Sources.MarkReady()
+	if s.Runtime != nil {
+		known := map[string]bool{}
+		for i := range list.Items {
+			known[string(list.Items[i].UID)] = true
+		}
+		s.Runtime.Orphans(ctx, func(uid string) bool { return known[uid] })
+	}
 	sort.SliceStable(pending, func(i, j int) bool {
 		return pending[i].CreationTimestamp.Before(&pending[j].CreationTimestamp)
 	})
@@ -106,15 +122,37 @@ func (s *Sync) handle(ctx context.Context, ev event) {
 	known := s.Table.Known(pod.UID)
 	switch {
 	case ev.deleted:
-		if known {
+		if !known {
+			return
+		}
+		if s.Runtime == nil {
 			s.end(pod)
 			s.Table.Remove(pod.UID)
+			return
 		}
-	case pod.DeletionTimestamp != nil:
-		if known {
+		// force-deleted: the kubelet still stops the containers, with a short grace period
+		s.Runtime.Terminate(pod, 2*time.Second, func() {
 			s.end(pod)
+			s.Table.Remove(pod.UID)
+		})
+	case pod.DeletionTimestamp != nil:
+		if !known || s.Runtime == nil {
+			if known {
+				s.end(pod)
+			}
+			s.finishDeletion(ctx, pod)
+			return
 		}
-		s.finishDeletion(ctx, pod)
+		s.Table.Add(pod)
+		grace := 30 * time.Second
+		if pod.DeletionGracePeriodSeconds != nil {
+			grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+		}
+		s.Runtime.Update(pod)
+		s.Runtime.Terminate(pod, grace, func() {
+			s.end(pod)
+			s.finishDeletion(ctx, pod)
+		})
 	case !known:
 		if pod.Status.Phase == v1.PodFailed || pod.Status.Phase == v1.PodSucceeded {
 			s.Table.Add(pod)
@@ -123,20 +161,25 @@ func (s *Sync) handle(ctx context.Context, ev event) {
 		}
 		res := s.Admit.Admit(pod)
 		switch {
+		case res.Admitted && res.Started && s.Runtime != nil:
+			s.Runtime.Run(pod)
 		case res.Admitted && res.Started:
-			s.writeStatus(ctx, pod, RunningStatus(pod, metav1.Now()))
+			s.writeStatus(pod, RunningStatus(pod, metav1.Now()))
 		case res.Admitted:
-			s.writeStatus(ctx, pod, NotStartedStatus(pod, res.Reason, res.Message))
+			s.writeStatus(pod, NotStartedStatus(pod, res.Reason, res.Message))
 		default:
-			s.writeStatus(ctx, pod, RejectedStatus(pod, res.Reason, res.Message))
+			s.writeStatus(pod, RejectedStatus(pod, res.Reason, res.Message))
 		}
 	default:
 		s.Table.Add(pod) // the pod manager's UpdatePod: keep the latest object
+		if s.Runtime != nil {
+			s.Runtime.Update(pod)
+		}
 	}
 }
 
 func (s *Sync) end(pod *v1.Pod) {
-	if ph := s.Table.Phase(pod.UID); ph == v1.PodSucceeded {
+	if s.Table.Ended(pod.UID) {
 		return // already ended
 	}
 	s.Admit.End(pod)
@@ -156,29 +199,7 @@ func (s *Sync) finishDeletion(ctx context.Context, pod *v1.Pod) {
 	}
 }
 
-// writeStatus writes the pod's status, retrying on conflicts with the latest object.
-func (s *Sync) writeStatus(ctx context.Context, pod *v1.Pod, status v1.PodStatus) {
-	cur := pod.DeepCopy()
-	first := true
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if !first {
-			fresh, err := s.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			if fresh.UID != pod.UID {
-				return apierrors.NewNotFound(v1.Resource("pods"), pod.Name)
-			}
-			cur = fresh
-		}
-		first = false
-		// Keep what others wrote into the status (the scheduler's PodScheduled condition and such).
-		status.NominatedNodeName = cur.Status.NominatedNodeName
-		cur.Status = status
-		_, err := s.Client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		klog.ErrorS(err, "writing the pod's status", "pod", klog.KObj(pod), "podUID", pod.UID, "phase", status.Phase)
-	}
+// writeStatus hands the status to the status manager, which writes it until it lands.
+func (s *Sync) writeStatus(pod *v1.Pod, status v1.PodStatus) {
+	s.Status.Set(pod, status)
 }

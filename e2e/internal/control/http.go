@@ -9,6 +9,9 @@
 //	POST /admit    -> body: a v1.Pod (metadata.uid set); answer {"admitted","reason","message","seconds"} once admitted or
 //	                  rejected (standalone nodes only)
 //	POST /end      -> body: {"uid": "..."}; the pod ends and its devices are freed
+//	POST /exec     -> body: {"namespace", "pod", "container", "command": [...], "stdin"?, "timeoutSeconds"?}; answer
+//	                  {"exitCode", "stdout", "stderr", "error"?} once the command ended (--runtime runc)
+//	GET  /logs/{namespace}/{pod}/{container}[?previous=true] -> the container's output (--runtime runc)
 package control
 
 import (
@@ -17,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,6 +28,7 @@ import (
 	"github.com/gpushare/devplugin/e2e/internal/admission"
 	"github.com/gpushare/devplugin/e2e/internal/devices"
 	"github.com/gpushare/devplugin/e2e/internal/dra"
+	"github.com/gpushare/devplugin/e2e/internal/oci"
 )
 
 // ErrNotFound is what End returns for a uid the node does not hold.
@@ -39,6 +44,9 @@ type API struct {
 	Claims func() ([]dra.Claim, error)
 	// Registered is nil on a node without the DRA manager.
 	Registered func(driver string) bool
+	// Exec and Logs are nil on a node that runs no containers.
+	Exec func(ns, name, container string, cmd []string, stdin []byte, timeout time.Duration) (oci.ExecResult, error)
+	Logs func(ns, name, container string, previous bool) ([]byte, error)
 }
 
 const maxBody = 4 << 20
@@ -87,6 +95,59 @@ func Handler(api API) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("POST /exec", func(w http.ResponseWriter, r *http.Request) {
+		if api.Exec == nil {
+			httpError(w, http.StatusConflict, "this node runs no containers (start it with --runtime runc)")
+			return
+		}
+		var body struct {
+			Namespace      string   `json:"namespace"`
+			Pod            string   `json:"pod"`
+			Container      string   `json:"container"`
+			Command        []string `json:"command"`
+			Stdin          *string  `json:"stdin"`
+			TimeoutSeconds float64  `json:"timeoutSeconds"`
+		}
+		if err := decode(r, &body); err != nil || body.Pod == "" || body.Container == "" || len(body.Command) == 0 {
+			httpError(w, http.StatusBadRequest, `the body must be {"namespace", "pod", "container", "command": [...], "stdin"?, "timeoutSeconds"?}`)
+			return
+		}
+		timeout := time.Duration(body.TimeoutSeconds * float64(time.Second))
+		if timeout <= 0 {
+			timeout = 60 * time.Second
+		}
+		var stdin []byte
+		if body.Stdin != nil {
+			stdin = []byte(*body.Stdin)
+		}
+		res, err := api.Exec(body.Namespace, body.Pod, body.Container, body.Command, stdin, timeout)
+		if errors.Is(err, ErrNotFound) {
+			httpError(w, http.StatusNotFound, fmt.Sprintf("no pod %s/%s on this node", body.Namespace, body.Pod))
+			return
+		}
+		if err != nil {
+			httpError(w, http.StatusConflict, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("GET /logs/{namespace}/{pod}/{container}", func(w http.ResponseWriter, r *http.Request) {
+		if api.Logs == nil {
+			httpError(w, http.StatusConflict, "this node runs no containers (start it with --runtime runc)")
+			return
+		}
+		data, err := api.Logs(r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("container"), r.URL.Query().Get("previous") == "true")
+		if errors.Is(err, ErrNotFound) {
+			httpError(w, http.StatusNotFound, fmt.Sprintf("no pod %s/%s on this node", r.PathValue("namespace"), r.PathValue("pod")))
+			return
+		}
+		if err != nil {
+			httpError(w, http.StatusNotFound, err.Error())
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write(data)
 	})
 	mux.HandleFunc("POST /end", func(w http.ResponseWriter, r *http.Request) {
 		var body struct {

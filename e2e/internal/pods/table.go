@@ -112,6 +112,13 @@ func (t *Table) End(uid types.UID) {
 	}
 }
 
+// Ended says whether End was called for the pod (its devices are freed).
+func (t *Table) Ended(uid types.UID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.terminated[uid]
+}
+
 // Remove drops the pod from the pod manager (deleted from the apiserver).
 func (t *Table) Remove(uid types.UID) {
 	if pod, ok := t.pm.GetPodByUID(uid); ok {
