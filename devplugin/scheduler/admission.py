@@ -35,6 +35,7 @@ CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
 # its container's name).
 MAX_LISTED_PROBLEMS = 20
 NAME_SHOWN = 63
+UNLISTED = ""  # a problem past the listed ones: counted, its text never written
 
 
 def clip(text: str, limit: int = NAME_SHOWN) -> str:
@@ -43,7 +44,7 @@ def clip(text: str, limit: int = NAME_SHOWN) -> str:
 
 
 def _listed(problems: list[str]) -> str:
-    shown = problems[:MAX_LISTED_PROBLEMS]
+    shown = [p for p in problems if p][:MAX_LISTED_PROBLEMS]  # UNLISTED ones are empty
     more = len(problems) - len(shown)
     return "; ".join(shown) + (f"; and {more} more problem{'s' if more > 1 else ''} like these" if more else "")
 
@@ -79,8 +80,9 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
     an `envFrom` whose names the webhook cannot read. NVIDIA_VISIBLE_DEVICES=void (or none) grants nothing and is
     allowed on containers that ask for no GPU of ours (the mutating webhook sets it). An `envFrom` is allowed when
     its `prefix` cannot spell a reserved name, and on containers that ask for no GPU when the mutating webhook's
-    NVIDIA_VISIBLE_DEVICES=void covers them (an `env` entry wins over `envFrom`)."""
-    problems = []
+    NVIDIA_VISIBLE_DEVICES=void covers them (an `env` entry wins over `envFrom`). Past the first
+    MAX_LISTED_PROBLEMS, a problem is counted as UNLISTED (''), its text not written."""
+    problems: list[str] = []
     pod_opted_out = opted_out(pod) or namespace_opted_out
     for field_name, i, spec in _containers(pod, CONTAINER_FIELDS):
         where = f"{field_name}[{i}] {clip(str(spec.get('name', '')))!r}"
@@ -94,6 +96,9 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
             if (name == ENV_NVIDIA_VISIBLE_DEVICES and not ours and "valueFrom" not in e
                     and str(e.get("value", "")).strip().lower() in NO_GPU_VALUES):
                 continue
+            if len(problems) >= MAX_LISTED_PROBLEMS:  # counted, not written: a denial lists the first ones only
+                problems.append(UNLISTED)
+                continue
             problems.append(f"{where}: sets env {clip(name)}, which only the node daemon may set (it grants and "
                             "limits GPUs); remove it from the pod spec")
         voided = not ours and not pod_opted_out
@@ -102,6 +107,9 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
                 continue
             prefix = str(src.get("prefix") or "")
             if voided or (prefix and not _prefix_may_reach_reserved(prefix)):
+                continue
+            if len(problems) >= MAX_LISTED_PROBLEMS:
+                problems.append(UNLISTED)
                 continue
             ref = src.get("configMapRef") or src.get("secretRef") or {}
             kind = "ConfigMap" if "configMapRef" in src else "Secret"

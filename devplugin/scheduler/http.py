@@ -41,6 +41,7 @@ from devplugin.scheduler.models import (
     AdmissionResponse,
     AdmissionReview,
     AdmissionReviewResponse,
+    Container,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -297,12 +298,27 @@ def _review(svc: Service, body: Body) -> tuple[AdmissionReview, dict | None, str
                  or pod_shape_problem(req.oldObject, svc.limits, "the pod before this update"))
     if too_large:
         return review, req.object, too_large
+    _check_pod(req.object)
+    return review, req.object, ""
+
+
+def _check_pod(obj: dict) -> None:
+    """BadRequest unless `obj` has the shape of PodObject. Its containers are checked one by one, each a short
+    call: one call over a pod of a thousand containers would hold the interpreter for a tenth of a second, and
+    kube-scheduler's calls with it."""
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    lists = {f: spec[f] for f in ("containers", "initContainers") if isinstance(spec.get(f), list)}
+    where = ""
     try:
-        PodObject.model_validate(req.object)
+        PodObject.model_validate({**obj, "spec": {**spec, **{f: [] for f in lists}}} if lists else obj)
+        for f, items in lists.items():
+            for i, c in enumerate(items):
+                where = f"spec.{f}.{i}."
+                Container.model_validate(c)
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
-        raise BadRequest(f"request.object is not a Pod: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
-    return review, req.object, ""
+        raise BadRequest(f"request.object is not a Pod: {where}{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
 
 
 def _who(review: AdmissionReview, pod: dict) -> str:
