@@ -21,8 +21,9 @@ COPY pyproject.toml README.md ./
 COPY devplugin/ devplugin/
 COPY shim/ shim/
 # The shim's contract header is generated from devplugin/contract.py, the one source of the env, mount and
-# limits-file names. `lib` is the library alone: the shim's test programs need the fake driver (fakes/), which
-# has no place in the image. The wheel holds the `devplugin` package only (pyproject.toml).
+# limits-file names. `lib` is the library alone, as shipped (it ignores GPUSHARE_REAL_LIBCUDA / _LIBNVML, which
+# only the tests' build honours): the shim's test programs need the fake driver (fakes/), which has no place in
+# the image. The wheel holds the `devplugin` package only (pyproject.toml).
 RUN python -m devplugin.contract > shim/gpushare_contract.h \
     && make -C shim BUILD=/src/out lib \
     && pip wheel --no-cache-dir --no-deps -w /src/out/wheels .

@@ -31,7 +31,7 @@ from devplugin_sim import cuda_toolkit  # noqa: E402
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU  # noqa: E402
 
 BUILD = REPO / "build"
-SHIM = BUILD / "shim" / "libgpushare.so"
+SHIM = BUILD / "shim" / "test" / "libgpushare.so"  # the test build: it loads the fake drivers
 FAKE_CUDA = BUILD / "fakes" / "libcuda.so.1"
 FAKE_NVML = BUILD / "fakes" / "libnvidia-ml.so.1"
 BOUND = 1.5

@@ -29,7 +29,7 @@ from devplugin import contract  # noqa: E402
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU  # noqa: E402
 
 BUILD = REPO / "build"
-SHIM = BUILD / "shim" / "libgpushare.so"
+SHIM = BUILD / "shim" / "test" / "libgpushare.so"  # the test build: it loads the fake drivers
 BENCH = BUILD / "shim" / "bench" / "gs_bench"
 PROBE = BUILD / "shim" / "tests" / "gs_probe"
 FAKE_CUDA = BUILD / "fakes" / "libcuda.so.1"

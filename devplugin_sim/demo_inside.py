@@ -13,7 +13,7 @@ from devplugin_sim.fake_driver import FakeDriver
 from devplugin_sim.kubelet import ContainerResult
 
 REPO = Path(__file__).resolve().parents[1]
-SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
+SHIM_LIB = REPO / "build" / "shim" / "test" / "libgpushare.so"  # the test build: it loads the fake drivers
 PROBE = REPO / "build" / "shim" / "tests" / "gs_probe"
 FAKE_CUDA = REPO / "build" / "fakes" / "libcuda.so.1"
 FAKE_NVML = REPO / "build" / "fakes" / "libnvidia-ml.so.1"

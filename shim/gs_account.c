@@ -2,10 +2,10 @@
 #include "gs_account.h"
 
 #include "gs_log.h"
+#include "gs_poolcache.h"
 #include "gs_region.h"
 
 struct gs_ptrmap gs_pointers = GS_PTRMAP_INIT;
-struct gs_ptrmap gs_handles = GS_PTRMAP_INIT;
 static int ctx_charged[GS_MAX_DEVICES]; /* this process's context on the GPU has been charged */
 
 /* A forked child owns none of its parent's allocations or contexts. */
@@ -14,7 +14,6 @@ static void child_after_fork(void)
     for (int d = 0; d < GS_MAX_DEVICES; d++)
         ctx_charged[d] = 0;
     gs_ptrmap_reset(&gs_pointers);
-    gs_ptrmap_reset(&gs_handles);
 }
 GS_ON_FORK_CHILD(child_after_fork)
 
@@ -95,7 +94,7 @@ CUresult gs_alloc_end(CUresult rc, int tracked, int d, uint64_t bytes, struct gs
         gs_region_release(gs_devs[d].rd, bytes);
         return CUDA_SUCCESS;
     }
-    if (gs_ptrmap_put(map, key, bytes, d) != 0) {
+    if (gs_ptrmap_put(map, key, bytes, d, 0) != 0) {
         gs_region_release(gs_devs[d].rd, bytes);
         GS_WARN("out of host memory: cannot track %llu bytes on CUDA device %d; the allocation is undone",
                 (unsigned long long)bytes, d);
@@ -116,7 +115,44 @@ int gs_free_begin(struct gs_ptrmap *map, uint64_t key, struct gs_ptr_entry *e)
 
 void gs_free_entry(const struct gs_ptr_entry *e)
 {
-    gs_region_release(gs_devs[e->dev].rd, e->bytes);
+    /* Freed into a stream-ordered pool: it stays charged for as long as the pool keeps it. */
+    uint64_t back = e->pool ? gs_poolcache_freed(e->pool, e->bytes) : e->bytes;
+    if (back)
+        gs_region_release(gs_devs[e->dev].rd, back);
+}
+
+CUresult gs_pool_alloc_begin(int d, int pool, uint64_t bytes, uint64_t *reused, int *tracked)
+{
+    *reused = pool ? gs_poolcache_take(pool, bytes) : 0;
+    CUresult rc = gs_alloc_begin(d, bytes - *reused, tracked);
+    if (rc || !*tracked) { /* nothing accounted: the pool's figures stay as they were */
+        if (pool)
+            gs_poolcache_untake(pool, bytes, *reused);
+        *reused = 0;
+    }
+    return rc;
+}
+
+CUresult gs_pool_alloc_end(CUresult rc, int tracked, int d, int pool, uint64_t bytes, uint64_t reused,
+                           struct gs_ptrmap *map, uint64_t key)
+{
+    if (!tracked)
+        return CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS) {
+        if (pool)
+            gs_poolcache_untake(pool, bytes, reused);
+        if (bytes > reused)
+            gs_region_release(gs_devs[d].rd, bytes - reused);
+        return CUDA_SUCCESS;
+    }
+    if (gs_ptrmap_put(map, key, bytes, d, pool) != 0) {
+        struct gs_ptr_entry e = {key, bytes, d, pool};
+        gs_free_entry(&e); /* the caller frees it again: into its pool */
+        GS_WARN("out of host memory: cannot track %llu bytes on CUDA device %d; the allocation is undone",
+                (unsigned long long)bytes, d);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
 }
 
 void gs_free_end(CUresult rc, int had, struct gs_ptrmap *map, const struct gs_ptr_entry *e)
@@ -125,7 +161,7 @@ void gs_free_end(CUresult rc, int had, struct gs_ptrmap *map, const struct gs_pt
         return;
     if (rc == CUDA_SUCCESS)
         gs_free_entry(e);
-    else if (gs_ptrmap_put(map, e->key, e->bytes, e->dev) != 0)
+    else if (gs_ptrmap_put(map, e->key, e->bytes, e->dev, e->pool) != 0)
         GS_WARN("out of host memory: %llu bytes on CUDA device %d stay charged until the process ends",
                 (unsigned long long)e->bytes, e->dev);
 }

@@ -7,7 +7,6 @@
 #include "gs_ptrmap.h"
 
 extern struct gs_ptrmap gs_pointers; /* device pointers, arrays, imported IPC memory */
-extern struct gs_ptrmap gs_handles;  /* cuMemCreate handles */
 
 /* Round bytes up to GPU d's allocation granularity (what the driver really reserves). */
 uint64_t gs_charge_size(int d, uint64_t bytes);
@@ -29,7 +28,15 @@ void gs_alloc_undo(int d, uint64_t bytes);
 int gs_free_begin(struct gs_ptrmap *map, uint64_t key, struct gs_ptr_entry *e);
 /* After the real free: give the bytes back on success, restore the entry on failure. */
 void gs_free_end(CUresult rc, int had, struct gs_ptrmap *map, const struct gs_ptr_entry *e);
-/* Give back an entry's bytes (a free that completed later, in stream order). */
+/* Give back an entry's bytes (a free that completed later, in stream order); for an allocation from a stream-ordered
+ * pool, what the pool does not keep (gs_poolcache.h). */
 void gs_free_entry(const struct gs_ptr_entry *e);
+
+/* An allocation of `bytes` on GPU d from stream-ordered pool `pool` (a gs_poolcache id, 0 = not known): what the
+ * pool keeps covers *reused of it, the rest is reserved. Then, after the driver's answer, as gs_alloc_end (the
+ * entry remembers its pool). */
+CUresult gs_pool_alloc_begin(int d, int pool, uint64_t bytes, uint64_t *reused, int *tracked);
+CUresult gs_pool_alloc_end(CUresult rc, int tracked, int d, int pool, uint64_t bytes, uint64_t reused,
+                           struct gs_ptrmap *map, uint64_t key);
 
 #endif /* GS_ACCOUNT_H */

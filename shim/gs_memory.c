@@ -6,20 +6,26 @@
 
 #include "gs_alloc.h"
 #include "gs_log.h"
+#include "gs_pools.h"
 
-/* Pools created with a location, so cuMemAllocFromPoolAsync charges the right GPU (or none, for host pools). */
-#define MAX_POOLS 64
-static struct {
-    pthread_mutex_t lock;
-    CUmemoryPool pool[MAX_POOLS];
-    int dev[MAX_POOLS]; /* CUDA ordinal, -1 = not device memory */
-} pools = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}};
-
-static void child_after_fork(void)
-{
-    pthread_mutex_init(&pools.lock, NULL);
-}
-GS_ON_FORK_CHILD(child_after_fork)
+/* A stream-ordered allocation from pool `pool` (a gs_poolcache id, 0 = not known) on GPU d: what the pool keeps
+ * covers part of it, the rest is reserved; the entry remembers the pool, so that its free gives back only what the
+ * pool does not keep. */
+#define GS_POOL_TRACKED(d, pool, charge, call, key, undo)                                                  \
+    do {                                                                                                  \
+        uint64_t reused_;                                                                                 \
+        int tracked_;                                                                                     \
+        CUresult rc_ = gs_pool_alloc_begin((d), (pool), (charge), &reused_, &tracked_);                   \
+        if (rc_)                                                                                          \
+            return rc_;                                                                                   \
+        rc_ = (call);                                                                                     \
+        if (gs_pool_alloc_end(rc_, tracked_, (d), (pool), (charge), reused_, &gs_pointers,                \
+                              rc_ ? 0 : (uint64_t)(key))) {                                               \
+            undo;                                                                                         \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                              \
+        }                                                                                                 \
+        return rc_;                                                                                       \
+    } while (0)
 
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
@@ -42,18 +48,26 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
                      gs_cu.cuMemFree_v2(*dptr));
 }
 
+/* cuMemAllocAsync takes from the device's current pool (its default one unless cuDeviceSetMemPool chose another). */
+static CUresult alloc_async(gs_pfn_cuMemAllocAsync real, gs_pfn_cuMemFreeAsync free_async, CUdeviceptr *dptr,
+                            size_t bytesize, CUstream stream)
+{
+    int d;
+    GS_ALLOC_TARGET(d, dptr, real(dptr, bytesize, stream));
+    GS_POOL_TRACKED(d, gs_pool_current_of(d), gs_charge_size(d, bytesize), real(dptr, bytesize, stream), *dptr,
+                    free_async(*dptr, stream));
+}
+
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocAsync);
-    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAllocAsync(dptr, bytesize, stream), dptr,
-                     gs_cu.cuMemFreeAsync(*dptr, stream));
+    return alloc_async(gs_cu.cuMemAllocAsync, gs_cu.cuMemFreeAsync, dptr, bytesize, stream);
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     GS_ENTER_OR_RETURN(cuMemAllocAsync_ptsz);
-    GS_ALLOC_CURRENT(&gs_pointers, bytesize, gs_cu.cuMemAllocAsync_ptsz(dptr, bytesize, stream), dptr,
-                     gs_cu.cuMemFreeAsync_ptsz(*dptr, stream));
+    return alloc_async(gs_cu.cuMemAllocAsync_ptsz, gs_cu.cuMemFreeAsync_ptsz, dptr, bytesize, stream);
 }
 
 /* The pitch is the driver's choice: reserve rows of the usual 512-byte alignment, then settle to the real
@@ -137,34 +151,19 @@ GS_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, un
     return pitch_settle(d, reserved, (uint64_t)*pitch * height, *dptr, 1);
 }
 
-static int pool_device(CUmemoryPool pool, int *dev)
-{
-    int found = 0;
-    pthread_mutex_lock(&pools.lock);
-    for (int i = 0; i < MAX_POOLS; i++) {
-        if (pools.pool[i] == pool && pool) {
-            *dev = pools.dev[i];
-            found = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&pools.lock);
-    return found;
-}
-
 static CUresult from_pool(gs_pfn_cuMemAllocFromPoolAsync real, gs_pfn_cuMemFreeAsync free_async, CUdeviceptr *dptr,
                           size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
     int d;
     GS_ALLOC_TARGET(d, dptr, real(dptr, bytesize, pool, stream));
-    int pd;
-    if (pool_device(pool, &pd)) {
+    int pd, id = gs_pool_lookup(pool, &pd);
+    if (id) {
         if (pd < 0)
             return real(dptr, bytesize, pool, stream); /* a host pool: not device memory */
         d = pd;
     }
-    GS_TRACKED(d, gs_charge_size(d, bytesize), &gs_pointers, real(dptr, bytesize, pool, stream), *dptr,
-               free_async(*dptr, stream));
+    GS_POOL_TRACKED(d, id, gs_charge_size(d, bytesize), real(dptr, bytesize, pool, stream), *dptr,
+                    free_async(*dptr, stream));
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
@@ -178,57 +177,6 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 {
     GS_ENTER_OR_RETURN(cuMemAllocFromPoolAsync_ptsz);
     return from_pool(gs_cu.cuMemAllocFromPoolAsync_ptsz, gs_cu.cuMemFreeAsync_ptsz, dptr, bytesize, pool, stream);
-}
-
-GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-    GS_ENTER_OR_RETURN(cuMemPoolCreate);
-    CUresult rc = gs_cu.cuMemPoolCreate(pool, props);
-    if (rc != CUDA_SUCCESS || !pool || !props)
-        return rc;
-    int dev = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : -1;
-    pthread_mutex_lock(&pools.lock);
-    for (int i = 0; i < MAX_POOLS; i++) {
-        if (!pools.pool[i]) {
-            pools.pool[i] = *pool;
-            pools.dev[i] = dev;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&pools.lock);
-    return rc;
-}
-
-GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    GS_ENTER_OR_RETURN(cuMemPoolDestroy);
-    CUresult rc = gs_cu.cuMemPoolDestroy(pool);
-    if (rc == CUDA_SUCCESS) {
-        pthread_mutex_lock(&pools.lock);
-        for (int i = 0; i < MAX_POOLS; i++)
-            if (pools.pool[i] == pool)
-                pools.pool[i] = NULL;
-        pthread_mutex_unlock(&pools.lock);
-    }
-    return rc;
-}
-
-/* cuMemCreate takes physical memory on an explicit location; only device locations count. */
-GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                               unsigned long long flags)
-{
-    GS_ENTER_OR_RETURN(cuMemCreate);
-    if (!gs_devices_ready() || !gs_any_limit || !handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return gs_cu.cuMemCreate(handle, size, prop, flags);
-    int d = prop->location.id;
-    GS_TRACKED(d, gs_charge_size(d, size), &gs_handles, gs_cu.cuMemCreate(handle, size, prop, flags), *handle,
-               gs_cu.cuMemRelease(*handle));
-}
-
-GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    GS_ENTER_OR_RETURN(cuMemRelease);
-    GS_UNTRACK(&gs_handles, handle, gs_cu.cuMemRelease(handle));
 }
 
 GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)

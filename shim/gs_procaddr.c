@@ -33,19 +33,23 @@ static const struct hook cuda_hooks[] = {GS_CUDA_HOOKED(GS_CUDA_ROW)};
 static const struct hook nvml_hooks[] = {GS_NVML_HOOKED(GS_NVML_ROW)};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* Base names (as passed to cuGetProcAddress) of the ways to take device memory; each is hooked in every version
- * the shim knows. A lookup of one of these that the shim cannot answer with its hook fails. */
+/* Base names (as passed to cuGetProcAddress) of the ways to take device memory or to keep it taken (a mapping or a
+ * handle reference keeps VMM memory alive; pool settings decide what a pool keeps; context limits reserve memory);
+ * each is hooked in every version the shim knows. A lookup of one of these that the shim cannot answer with its
+ * hook fails. "cuMemMap" also covers cuMemMapArrayAsync, whose mappings into sparse arrays the shim does not count. */
 static const char *const allocation_bases[] = {
     "cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync",
     "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMipmappedArrayCreate", "cuIpcOpenMemHandle",
     "cuGraphAddMemAllocNode", "cuGraphAddNode", "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
-    "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryLoadFromFile", NULL};
+    "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuMemMap", "cuMemRetainAllocationHandle",
+    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemPoolSetAttribute", "cuDeviceSetMemPool",
+    "cuCtxSetLimit", NULL};
 /* Other entry points the shim must see; an unknown variant of one of these is passed on with a warning. */
 static const char *const hooked_bases[] = {
     "cuInit", "cuGetProcAddress", "cuGetExportTable", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuMemFree", "cuMemFreeAsync",
-    "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemRelease", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayDestroy",
-    "cuMipmappedArrayDestroy", "cuIpcCloseMemHandle", "cuModuleUnload", "cuLibraryUnload", "cuLaunchKernel",
-    "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", NULL};
+    "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemRelease", "cuMemUnmap", "cuMemGetInfo",
+    "cuDeviceTotalMem", "cuArrayDestroy", "cuMipmappedArrayDestroy", "cuIpcCloseMemHandle", "cuModuleUnload",
+    "cuLibraryUnload", "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", NULL};
 /* Names that start like an allocation base but take no device memory. */
 static const char *const not_device_memory[] = {"cuMemAllocHost", NULL};
 

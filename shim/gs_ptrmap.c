@@ -56,7 +56,7 @@ static int grow(struct gs_ptrmap *m)
     return 0;
 }
 
-int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev)
+int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev, int pool)
 {
     int rc = 0;
     lock(m);
@@ -68,7 +68,7 @@ int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev)
             i = (i + 1) & (m->cap - 1);
         if (!m->slots[i].key)
             m->count++;
-        m->slots[i] = (struct gs_ptr_entry){key, bytes, dev};
+        m->slots[i] = (struct gs_ptr_entry){key, bytes, dev, pool};
     }
     unlock(m);
     return rc;

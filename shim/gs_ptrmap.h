@@ -12,6 +12,7 @@ struct gs_ptr_entry {
     uint64_t key; /* 0 = empty */
     uint64_t bytes;
     int dev;      /* CUDA ordinal */
+    int pool;     /* the stream-ordered pool it came from (a gs_poolcache id), 0 = none */
 };
 
 struct gs_ptrmap {
@@ -23,7 +24,7 @@ struct gs_ptrmap {
 #define GS_PTRMAP_INIT {0, NULL, 0, 0}
 
 /* 0, or -1 when host memory runs out. */
-int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev);
+int gs_ptrmap_put(struct gs_ptrmap *m, uint64_t key, uint64_t bytes, int dev, int pool);
 /* Remove key: 1 and *out when it was there, 0 otherwise. */
 int gs_ptrmap_take(struct gs_ptrmap *m, uint64_t key, struct gs_ptr_entry *out);
 /* Empty the map (a forked child owns none of its parent's allocations). */

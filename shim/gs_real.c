@@ -34,11 +34,19 @@ __attribute__((constructor(101))) static void resolve_dlsym(void)
     gs_real_dlsym();
 }
 
+/* GPUSHARE_REAL_LIBCUDA and GPUSHARE_REAL_LIBNVML name the fake drivers the tests run on. Only the shim's test build
+ * (GS_TEST_BUILD: make's build/shim/test/libgpushare.so) honours them: in the shipped library a process could point
+ * the shim at a library of its choosing, such as an NVML that reports no use (and so a compute share never held). */
 static void *open_library(const char *env, const char *fallback)
 {
-    const char *path = getenv(env);
-    if (!path || !*path)
-        path = fallback;
+    const char *path = fallback, *set = getenv(env);
+#ifdef GS_TEST_BUILD
+    if (set && *set)
+        path = set;
+#else
+    if (set && *set)
+        GS_WARN("%s is honoured only by the shim's test build; ignored, the driver is loaded as %s", env, fallback);
+#endif
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h)
         GS_WARN("cannot load %s: %s", path, dlerror());

@@ -1,4 +1,4 @@
-/* The real driver: libcuda.so.1 and libnvidia-ml.so.1 loaded with dlopen (paths overridable for tests) and
+/* The real driver: libcuda.so.1 and libnvidia-ml.so.1 loaded with dlopen (paths overridable in the test build) and
  * their entry points as typed function pointers. GS_CUDA_HOOKED lists what the shim intercepts (each has an
  * exported hook of the same name), GS_CUDA_USED what it only calls. */
 #ifndef GS_REAL_H
@@ -69,6 +69,17 @@
     X(cuMemCreate, (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp *prop,        \
                     unsigned long long flags))                                                                  \
     X(cuMemRelease, (CUmemGenericAllocationHandle handle))                                                      \
+    X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,              \
+                 unsigned long long flags))                                                                     \
+    X(cuMemUnmap, (CUdeviceptr ptr, size_t size))                                                               \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle * handle, void *addr))                         \
+    X(cuMemExportToShareableHandle, (void *shareable, CUmemGenericAllocationHandle handle, int type,            \
+                                     unsigned long long flags))                                                 \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle * handle, void *shareable, int type))       \
+    X(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))                                        \
+    X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep))                                                        \
+    X(cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool))                                                    \
+    X(cuCtxSetLimit, (int limit, size_t value))                                                                 \
     X(cuMemGetInfo_v2, (size_t * free_bytes, size_t *total_bytes))                                              \
     X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                                                      \
     X(cuLaunchKernel, GS_LAUNCH_PARAMS)                                                                         \
@@ -93,7 +104,11 @@
     X(cuStreamIsCapturing_ptsz, (CUstream stream, int *status))                                           \
     X(cuStreamQuery, (CUstream stream))                                                                   \
     X(cuStreamQuery_ptsz, (CUstream stream))                                                              \
-    X(cuMemGetAddressRange_v2, (CUdeviceptr * base, size_t *size, CUdeviceptr dptr))
+    X(cuMemGetAddressRange_v2, (CUdeviceptr * base, size_t *size, CUdeviceptr dptr))                     \
+    X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp * prop, CUmemGenericAllocationHandle h)) \
+    X(cuDeviceGetAttribute, (int *value, int attrib, CUdevice dev))                                       \
+    X(cuCtxGetLimit, (size_t * value, int limit))                                                         \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool * pool, CUdevice dev))
 
 #define GS_NVML_HOOKED(X)                                                            \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory))         \
@@ -144,9 +159,9 @@ typedef void *(*gs_dlsym_fn)(void *handle, const char *symbol);
 /* libc's dlsym (the shim exports its own). */
 GS_NO_SANITIZE gs_dlsym_fn gs_real_dlsym(void);
 
-/* Load the real libcuda (GPUSHARE_REAL_LIBCUDA or "libcuda.so.1"). 0, or -1 when it cannot be loaded. */
+/* Load the real libcuda ("libcuda.so.1"; the test build: GPUSHARE_REAL_LIBCUDA). 0, or -1 when it cannot be loaded. */
 int gs_real_load_cuda(void);
-/* Load the real NVML (GPUSHARE_REAL_LIBNVML or "libnvidia-ml.so.1") once. 0, or -1. */
+/* Load the real NVML ("libnvidia-ml.so.1"; the test build: GPUSHARE_REAL_LIBNVML) once. 0, or -1. */
 int gs_real_load_nvml(void);
 
 #endif /* GS_REAL_H */

@@ -19,7 +19,8 @@ from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
-SHIM = BUILD / "shim" / "libgpushare.so"
+SHIM = BUILD / "shim" / "test" / "libgpushare.so"  # the test build: honours GPUSHARE_REAL_LIB*
+SHIPPED_SHIM = BUILD / "shim" / "libgpushare.so"  # as the image ships it
 TESTS = BUILD / "shim" / "tests"
 FAKE_CUDA = BUILD / "fakes" / "libcuda.so.1"
 FAKE_NVML = BUILD / "fakes" / "libnvidia-ml.so.1"

@@ -74,7 +74,7 @@ def test_stream_ordered_allocations_and_pools_that_keep_their_memory_stop_at_the
     assert pool["count"] == 8 and pool["error"] == OOM
     assert pool["threshold"] == 2**64 - 1  # the release threshold reads back what was set
     assert pool["used"] == 8 * 256 * MiB
-    assert r.step("meminfo")["free"] == 2 * GiB
+    assert r.step("meminfo")["free"] == 0  # freed into a pool that keeps everything: still held, still charged
 
 
 def test_virtual_memory_growth_stops_at_the_slice(node, probe):
@@ -83,6 +83,38 @@ def test_virtual_memory_growth_stops_at_the_slice(node, probe):
     assert r.step("vmm")["count"] == 2048 // 20
     assert r.step("vmm")["driver_rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY on the page that does not fit
     assert r.step("meminfo")["free"] < 20 * MiB
+
+
+def test_vmm_pages_released_while_mapped_stay_charged(node, probe):
+    # NVIDIA's VMM sample releases each handle right after mapping it: the mapping keeps the memory, so the charge
+    # stays until the unmap. Before, each release gave the charge back and the pages ran on past the slice.
+    proc = start(probe, node.env(**LIMIT), "init", "vmmsample", 20, "meminfo", "ready")
+    try:
+        steps = until(proc, "ready")
+        sample = [s for s in steps if s["op"] == "vmmsample"][0]
+        assert sample["count"] == 2048 // 20 and sample["driver_rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
+        mem = [s for s in steps if s["op"] == "meminfo"][0]
+        assert mem["total"] - mem["free"] == 102 * 20 * MiB == node.driver.memory_used(0)
+    finally:
+        proc.communicate("\n", timeout=30)
+
+
+def test_a_larger_stack_is_charged_and_one_past_the_slice_refused(node, probe):
+    # The stack is reserved for every thread the GPU holds at once (108 SMs x 2048 threads on the A100): 8 KiB
+    # instead of 1 KiB takes 1512 MiB more, 16 KiB would take 3240 MiB, more than the 2 GiB slice.
+    r = run(probe, node.env(**LIMIT), "init", "stack", 8, "meminfo", "stack", 16, "meminfo")
+    first, second = r.step("stack"), r.step("stack", 1)
+    assert first["error"] == "cudaSuccess" and first["stack"] == 8192
+    assert second["error"] == OOM and second["stack"] == 8192
+    assert r.step("meminfo")["free"] == r.step("meminfo", 1)["free"] == 2 * GiB - 7 * 1024 * 108 * 2048
+
+
+def test_several_pools_that_keep_their_memory_share_the_slice(node, probe):
+    # Each pool keeps what was freed into it (release threshold: no limit): the first keeps the whole slice, so a
+    # second finds no room. Before, each pool could keep a slice's worth.
+    r = run(probe, node.env(**LIMIT), "init", "pools", 2, 256, "meminfo")
+    assert r.step("pools")["counts"] == [8, 0]
+    assert r.step("meminfo")["free"] == 0
 
 
 def test_graphs_that_allocate_are_charged(node, probe):

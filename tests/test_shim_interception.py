@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.shim_probe import SHIM, TESTS, make_node, require_built, run
+from tests.shim_probe import SHIM, SHIPPED_SHIM, TESTS, make_node, require_built, run
 
 HOOKED = {
     "cuInit", "cuGetProcAddress", "cuGetProcAddress_v2", "cuDevicePrimaryCtxRetain", "cuCtxCreate_v2",
@@ -27,26 +28,33 @@ HOOKED = {
     "cuMipmappedArrayDestroy", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuModuleLoad",
     "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuGraphAddMemAllocNode",
     "cuGraphAddNode", "cuGraphAddNode_v2", "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuLibraryUnload",
+    # what keeps memory taken: VMM mappings and handle references, shared allocations, what pools keep, and the
+    # context limits that reserve memory
+    "cuMemMap", "cuMemUnmap", "cuMemRetainAllocationHandle", "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle", "cuMemPoolSetAttribute", "cuMemPoolTrimTo", "cuDeviceSetMemPool", "cuCtxSetLimit",
     # the runtime's private way to the primary context (slot 2 of one export table, gs_export.c)
     "cuGetExportTable",
 }
+BUILDS = pytest.mark.parametrize("library", [SHIPPED_SHIM, SHIM], ids=["shipped", "test-build"])
 
 
-def dynamic_symbols() -> str:
+def dynamic_symbols(library: Path) -> str:
     require_built()
     if not shutil.which("objdump"):
         pytest.skip("objdump (binutils) is not installed")
-    return subprocess.run(["objdump", "-T", str(SHIM)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["objdump", "-T", str(library)], capture_output=True, text=True, check=True).stdout
 
 
-def test_the_library_exports_its_hooks_and_nothing_else():
-    exported = {line.split()[-1] for line in dynamic_symbols().splitlines()
+@BUILDS
+def test_the_library_exports_its_hooks_and_nothing_else(library):
+    exported = {line.split()[-1] for line in dynamic_symbols(library).splitlines()
                 if " g " in line and ".text" in line}
     assert exported == HOOKED
 
 
-def test_the_library_needs_nothing_newer_than_glibc_2_17():
-    versions = set(re.findall(r"\(GLIBC_([0-9.]+)\)", dynamic_symbols()))
+@BUILDS
+def test_the_library_needs_nothing_newer_than_glibc_2_17(library):
+    versions = set(re.findall(r"\(GLIBC_([0-9.]+)\)", dynamic_symbols(library)))
     newest = max(versions, key=lambda v: tuple(int(x) for x in v.split(".")))
     assert tuple(int(x) for x in newest.split(".")) <= (2, 17), versions
 

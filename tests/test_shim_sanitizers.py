@@ -93,3 +93,25 @@ def test_every_hook_under_sanitizers(tmp_path):
                              timeout=300)
         assert_clean(out)
         assert '"op":"counters"' in out.stdout
+
+
+def test_the_memory_lifetime_hooks_under_sanitizers(tmp_path):
+    # VMM references and mappings (a run of pages unmapped in one call), exported handles, pools that keep memory,
+    # context limits: gs_vmm through both doors, under the sanitized library.
+    libasan = asan_build()
+    node = make_node(tmp_path)
+    env = sanitized_env(node.env(CUDA_DEVICE_MEMORY_LIMIT="1g"), [libasan, ASAN / "libgpushare.so"])
+    steps = ["init", "ctx", "0", "create", "64m", "map", "0", "map", "0", "release", "0", "retain", "0",
+             "unmap", "0", "unmap", "1", "release", "1", *["create", "32m"] * 3, "reserve", "2", "96m",
+             "mapnext", "3", "2", "mapnext", "4", "3", "release", "2", "release", "3", "release", "4", "unmap", "2",
+             "3", "create", "64m", "map", "5", "export", "5", "unmap", "5", "release", "5", "create", "2g",
+             "pool", str(2**64 - 1), "palloc", "0", "256m", "afree", "0", "sync", "reserved", "0", "trim", "0",
+             "64m", "setthreshold", "0", "0", "palloc", "0", "8m", "afree", "1", "pdestroy", "0", "defaultpool",
+             "32m", "async", "64m", "afree", "2", "pool", "0", "setpool", "2", "async", "8m", "afree", "3", "sync",
+             "setlimit", "0", "2k", "setlimit", "2", "64m", "setlimit", "0", "1k", "getlimit", "0", "meminfo",
+             "counters"]
+    for mode in ("gpa", "dlsym"):
+        out = subprocess.run([str(TESTS / "gs_vmm"), mode, *steps], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert_clean(out)
+        assert '"op":"counters"' in out.stdout

@@ -41,7 +41,7 @@ static void ptrmap_holds_what_was_put(void)
     struct gs_ptr_entry e;
     int ok = 1;
     for (uint64_t k = 1; k <= 5000; k++)
-        ok &= gs_ptrmap_put(&m, k * 4096, k, (int)(k % 16)) == 0;
+        ok &= gs_ptrmap_put(&m, k * 4096, k, (int)(k % 16), 0) == 0;
     for (uint64_t k = 1; k <= 5000; k += 2) /* every other one out: backward-shift deletion */
         ok &= gs_ptrmap_take(&m, k * 4096, &e) == 1 && e.bytes == k && e.dev == (int)(k % 16);
     for (uint64_t k = 1; k <= 5000; k++)
@@ -49,9 +49,9 @@ static void ptrmap_holds_what_was_put(void)
     ok &= m.count == 0 && gs_ptrmap_take(&m, 4096, &e) == 0;
     check(ok, "the pointer map gives back exactly what was put, through growth and deletion");
     fail_calloc = 1;
-    check(gs_ptrmap_put(&m, 1, 1, 0) == 0, "a map with room needs no memory to insert");
+    check(gs_ptrmap_put(&m, 1, 1, 0, 0) == 0, "a map with room needs no memory to insert");
     gs_ptrmap_reset(&m);
-    check(gs_ptrmap_put(&m, 1, 1, 0) == -1, "an insert that needs memory it cannot get fails");
+    check(gs_ptrmap_put(&m, 1, 1, 0, 0) == -1, "an insert that needs memory it cannot get fails");
     fail_calloc = 0;
     gs_ptrmap_reset(&m);
 }

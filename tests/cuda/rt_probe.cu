@@ -3,6 +3,9 @@
 // without the shim. Steps:
 //   init | meminfo | props | alloc MiB | free | freeall | fill MiB | async MiB | freeasync | poolfill MiB
 //   launchfor MS GRID | copy | nvml | vmm MiB | graph MiB | fork | threads N MiB | library MiB | ready
+//   vmmsample MiB (NVIDIA's VMM sample: each page's handle released right after mapping, until one fails)
+//   stack KiB (cudaDeviceSetLimit of the stack size, read back) | pools N MiB (N pools that keep everything, each
+//   filled with MiB allocations and freed)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -237,6 +240,73 @@ int main(int argc, char **argv)
                 n++;
             }
             out(op, cudaSuccess, "\"driver_rc\":%d,\"count\":%d", (int)r, n);
+        } else if (!strcmp(op, "vmmsample")) {
+            // NVIDIA's VMM sample (cuda-samples vectorAddMMAP): create, reserve, map, release the handle at once
+            // (the mapping keeps the memory), open up access; here page after page until one fails
+            typedef CUresult (*create_t)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                         unsigned long long);
+            typedef CUresult (*reserve_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+            typedef CUresult (*map_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+            typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
+            typedef CUresult (*access_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+            create_t create = driver<create_t>("cuMemCreate");
+            reserve_t reserve = driver<reserve_t>("cuMemAddressReserve");
+            map_t map = driver<map_t>("cuMemMap");
+            release_t release = driver<release_t>("cuMemRelease");
+            access_t access = driver<access_t>("cuMemSetAccess");
+            size_t page = strtoull(argv[++i], NULL, 10) * MiB;
+            CUmemAllocationProp prop = {};
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = 0;
+            CUmemAccessDesc desc = {};
+            desc.location = prop.location;
+            desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            CUresult r = create && reserve && map && release && access ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+            int n = 0;
+            while (r == CUDA_SUCCESS && n < 100000) {
+                CUmemGenericAllocationHandle h;
+                CUdeviceptr va = 0;
+                if ((r = create(&h, page, &prop, 0)) != CUDA_SUCCESS)
+                    break;
+                if ((r = reserve(&va, page, 0, 0, 0)) == CUDA_SUCCESS && (r = map(va, page, 0, h, 0)) == CUDA_SUCCESS)
+                    r = release(h);
+                if (r == CUDA_SUCCESS && (r = access(va, page, &desc, 1)) == CUDA_SUCCESS)
+                    n++;
+            }
+            out(op, cudaSuccess, "\"driver_rc\":%d,\"count\":%d", (int)r, n);
+        } else if (!strcmp(op, "stack")) {
+            size_t want = strtoull(argv[++i], NULL, 10) * 1024, now = 0;
+            cudaError_t e = cudaDeviceSetLimit(cudaLimitStackSize, want);
+            cudaGetLastError();
+            cudaDeviceGetLimit(&now, cudaLimitStackSize);
+            out(op, e, "\"stack\":%zu", now);
+        } else if (!strcmp(op, "pools")) {
+            int npools = atoi(argv[++i]);
+            size_t bytes = strtoull(argv[++i], NULL, 10) * MiB;
+            char counts[256] = "";
+            cudaError_t e = cudaSuccess;
+            for (int k = 0; k < npools && e == cudaSuccess; k++) {
+                cudaMemPoolProps props = {};
+                props.allocType = cudaMemAllocationTypePinned;
+                props.location.type = cudaMemLocationTypeDevice;
+                props.location.id = 0;
+                cudaMemPool_t pool;
+                unsigned long long keep_all = ~0ULL;
+                e = cudaMemPoolCreate(&pool, &props);
+                if (e == cudaSuccess)
+                    e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+                std::vector<void *> got;
+                void *d;
+                while (e == cudaSuccess && cudaMallocFromPoolAsync(&d, bytes, pool, stream) == cudaSuccess)
+                    got.push_back(d);
+                cudaGetLastError();
+                for (void *p : got)
+                    cudaFreeAsync(p, stream);
+                cudaStreamSynchronize(stream);
+                snprintf(counts + strlen(counts), sizeof counts - strlen(counts), "%s%zu", k ? "," : "", got.size());
+            }
+            out(op, e, "\"counts\":[%s]", counts);
         } else if (!strcmp(op, "graph")) {
             // a graph that allocates (a memory node captured from cudaMallocAsync), instantiated and launched
             size_t bytes = strtoull(argv[++i], NULL, 10) * MiB;
