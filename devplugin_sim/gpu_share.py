@@ -21,7 +21,7 @@ from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
-SHIM = BUILD / "shim" / "libgpushare.so"
+SHIM = BUILD / "shim" / "test" / "libgpushare.so"  # the test build: it loads the fake drivers named in the env
 PROBE = BUILD / "shim" / "tests" / "gs_probe"
 FAKE_CUDA = BUILD / "fakes" / "libcuda.so.1"
 FAKE_NVML = BUILD / "fakes" / "libnvidia-ml.so.1"
