@@ -58,6 +58,10 @@ CONTAINER_GPU_LOCK_DIR = "/var/run/gpushare-locks"
 #   device.<i>.uuid=GPU-...          container-local ordinal i, matched to CUDA devices by UUID
 #   device.<i>.memory_limit=<bytes>  0 = no memory limit
 #   device.<i>.sm_limit=<percent>    1..100; 100 = no compute limit
+#   device.<i>.sm_unreserved=0|1     1: the container reserved no compute on this GPU (gpu-mem without
+#                                    gpu-core.percentage on a core_mem node): sm_limit is the most it may take
+#                                    (what nobody had reserved when it was placed), and it takes only what its
+#                                    neighbours leave, giving way whenever the GPU is saturated. Absent = 0.
 #   core_policy=default|force|disable
 LIMITS_VERSION = 1
 LIMITS_MAX_DEVICES = 16
@@ -101,6 +105,7 @@ class DeviceLimit:
     uuid: str
     memory_limit: int  # bytes, 0 = unlimited
     sm_limit: int = 100  # percent of the GPU
+    sm_unreserved: bool = False  # no compute reserved here: sm_limit caps it, and it gives way to its neighbours
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,16 @@ def render_limits(limits: Limits) -> str:
             f"device.{i}.memory_limit={dev.memory_limit}",
             f"device.{i}.sm_limit={dev.sm_limit}",
         ]
+        if dev.sm_unreserved:
+            lines.append(f"device.{i}.sm_unreserved=1")
     lines.append(f"core_policy={limits.core_policy}")
     return "\n".join(lines) + "\n"
+
+
+def _flag(value: str, key: str) -> bool:
+    if int(value) not in (0, 1):
+        raise LimitsFileError(f"{key} must be 0 or 1, not {value!r}")
+    return int(value) == 1
 
 
 def parse_limits(text: str) -> Limits:
@@ -154,6 +167,7 @@ def parse_limits(text: str) -> Limits:
                 uuid=values[f"device.{i}.uuid"],
                 memory_limit=int(values[f"device.{i}.memory_limit"]),
                 sm_limit=int(values.get(f"device.{i}.sm_limit", "100")),
+                sm_unreserved=_flag(values.get(f"device.{i}.sm_unreserved", "0"), f"device.{i}.sm_unreserved"),
             )
             for i in range(count)
         )

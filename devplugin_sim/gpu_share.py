@@ -50,6 +50,7 @@ class Container:
     processes: int = 1
     shim: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra settings of its processes
+    limits_file: str = ""  # the daemon's limits file for it (GPUSHARE_LIMITS_FILE): it wins over share and policy
     pids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -102,6 +103,8 @@ class Run:
             contract.ENV_SM_LIMIT: str(c.share),
             contract.ENV_CORE_POLICY: c.policy,
         })
+        if c.limits_file:
+            env[contract.ENV_LIMITS_FILE] = c.limits_file
         if c.shim:
             env["LD_PRELOAD"] = str(SHIM)
         env.update(c.env)

@@ -171,6 +171,14 @@ void gs_config_load(void)
     choose_cache_path();
 }
 
+int gs_config_unreserved(const char *uuid)
+{
+    for (int i = 0; gs_cfg.from_file && i < gs_cfg.file.ndevices; i++)
+        if (!strcasecmp(gs_cfg.file.dev[i].uuid, uuid))
+            return gs_cfg.file.dev[i].sm_unreserved;
+    return 0;
+}
+
 int gs_config_device(int ordinal, const char *uuid, uint64_t *memory_limit, int *sm_limit)
 {
     if (gs_cfg.from_file) {

@@ -33,4 +33,8 @@ void gs_config_load(void);
  * list that GPU (the device must not be used). */
 int gs_config_device(int ordinal, const char *uuid, uint64_t *memory_limit, int *sm_limit);
 
+/* Whether the container reserved no compute on the GPU with this UUID (the limits file's sm_unreserved; never
+ * without the file): its sm_limit is then a cap, and it gives way to its neighbours (gs_throttle.h). */
+int gs_config_unreserved(const char *uuid);
+
 #endif /* GS_CONFIG_H */

@@ -13,6 +13,7 @@ static int start_compute_share(int ndevs)
         _Static_assert(sizeof limits[d].uuid == sizeof gs_devs[d].uuid, "UUID buffers of one size");
         memcpy(limits[d].uuid, gs_devs[d].uuid, sizeof limits[d].uuid);
         limits[d].share = gs_devs[d].sm_limit;
+        limits[d].unreserved = gs_config_unreserved(gs_devs[d].uuid);
         limits[d].blocked = gs_devs[d].blocked;
     }
     if (gs_throttle_setup(limits, ndevs, gs_cfg.policy, gs_cfg.cache_path) != 0) {

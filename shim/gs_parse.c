@@ -236,6 +236,14 @@ int gs_limits_parse(const char *text, size_t len, struct gs_limits *out, char *e
             }
             d->sm_limit = (int)v;
         }
+        snprintf(key, sizeof key, "device.%d.sm_unreserved", i);
+        if ((s = lookup(kv, key))) {
+            if (gs_parse_int(s, 0, 1, &v)) {
+                fail(err, errlen, "%s must be 0 or 1", key);
+                goto out;
+            }
+            d->sm_unreserved = (int)v;
+        }
     }
     out->core_policy = GS_POLICY_DEFAULT;
     if ((s = lookup(kv, "core_policy"))) {

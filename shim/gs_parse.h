@@ -19,6 +19,7 @@ struct gs_limits_device {
     char uuid[GS_UUID_LEN];
     uint64_t memory_limit; /* bytes, 0 = no limit */
     int sm_limit;          /* 1..100 */
+    int sm_unreserved;     /* 1: no compute reserved here: sm_limit caps it and it gives way to its neighbours */
 };
 
 struct gs_limits {

@@ -17,6 +17,7 @@
 #define GS_CAPACITY_NS 50000000LL     /* the pool holds at most 50 ms of budget */
 #define GS_MAX_BATCH (1LL << 30)
 #define GS_UNMEASURED_NS 3000000000ULL /* launching without any newer NVML sample this long: measure the GPU */
+#define GS_UNRESERVED_START 10000LL   /* no compute reserved: tokens per second before the first measurement */
 
 /* What this process's controller thread keeps per GPU. */
 struct watch {
@@ -121,11 +122,34 @@ static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu, 
 
 /* --- the controller ---------------------------------------------------------------------------------------- */
 
+/* The aim of a container that reserved no compute on the GPU (see gs_throttle.h); `cap` is its share. */
+static int target_unreserved(struct gs_region_compute *c, int cap, int cu, int others, uint64_t now, int *reclaim)
+{
+    if (others < 0)
+        return cap; /* measured against the whole GPU: held to the cap against everyone's use */
+    int u = cu + others > 100 ? 100 : cu + others;
+    int a;
+    if (u >= GS_SATURATED && others >= GS_NEIGHBOUR_MIN) {
+        *reclaim = 1;
+        __atomic_store_n(&c->hold_until, now + GS_HOLD_MS * 1000000ULL, __ATOMIC_RELAXED);
+        a = cu / GS_UNRESERVED_CUT;
+    } else {
+        int room = (100 - GS_HEADROOM - u) / 2;
+        if (room > 0 && now < __atomic_load_n(&c->hold_until, __ATOMIC_RELAXED))
+            room = 0;
+        a = cu + (room > GS_UNRESERVED_STEP ? GS_UNRESERVED_STEP : room);
+    }
+    return a < 1 ? 1 : a > cap ? cap : a;
+}
+
 /* The share of the GPU the bucket aims at this step; *reclaim: give compute back now, without smoothing.
  * cu: the container's use, others: everyone else's (same samples; -1 unknown: no bursting). */
-static int target_share(struct gs_region_compute *c, int share, int cu, int others, uint64_t now, int *reclaim)
+static int target_share(int d, struct gs_region_compute *c, int share, int cu, int others, uint64_t now,
+                        int *reclaim)
 {
     *reclaim = 0;
+    if (gs_gates[d].unreserved)
+        return target_unreserved(c, share, cu, others, now, reclaim);
     if (policy != GS_POLICY_DEFAULT || others < 0)
         return share;
     int u = cu + others > 100 ? 100 : cu + others;
@@ -174,7 +198,7 @@ static void control(int d)
     c->step_spent = spent;
     c->step_waits = waits;
     int share = gs_gates[d].share, reclaim;
-    int a = target_share(c, share, cu, others, now, &reclaim);
+    int a = target_share(d, c, share, cu, others, now, &reclaim);
     int outright = reclaim || __atomic_load_n(&c->resumed, __ATOMIC_RELAXED);
     __atomic_store_n(&c->allowed, a, __ATOMIC_RELAXED);
     __atomic_store_n(&c->used_pct, cu, __ATOMIC_RELAXED);
@@ -291,8 +315,9 @@ int gs_throttle_setup(const struct gs_share_limit *limits, int n, enum gs_policy
         memset(g, 0, sizeof *g);
         snprintf(g->uuid, sizeof g->uuid, "%s", limits[d].uuid);
         g->share = limits[d].share;
+        g->unreserved = limits[d].unreserved;
         g->rd = -1;
-        int wanted = !limits[d].blocked && g->share < 100;
+        int wanted = !limits[d].blocked && (g->share < 100 || g->unreserved);
         g->active = wanted && p != GS_POLICY_DISABLE;
         any |= g->active;
         if (wanted && !g->active)
@@ -314,6 +339,16 @@ int gs_throttle_setup(const struct gs_share_limit *limits, int n, enum gs_policy
         g->c = &gs_region_map()->compute[g->rd];
         int unset = 0;
         __atomic_compare_exchange_n(&g->c->allowed, &unset, g->share, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        if (g->unreserved) {
+            /* Not run free until measured (a paid neighbour would lose half the GPU meanwhile): start from a
+             * trickle, from which the aim grows at most GS_UNRESERVED_STEP a step. */
+            int64_t none = 0;
+            __atomic_store_n(&g->c->last_refill, now_ns(), __ATOMIC_RELAXED);
+            if (__atomic_compare_exchange_n(&g->c->rate, &none, GS_UNRESERVED_START, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED))
+                __atomic_store_n(&g->c->capacity, GS_UNRESERVED_START * GS_CAPACITY_NS / 1000000000LL,
+                                 __ATOMIC_RELEASE);
+        }
     }
     __atomic_store_n(&gs_throttle_on, 1, __ATOMIC_RELEASE);
     return 0;

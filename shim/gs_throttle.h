@@ -17,7 +17,14 @@
  *            without smoothing) and stays there for GS_HOLD_MS. Giving back is bounded: one control period
  *            plus the age of NVML's newest sample.
  *   disable  no gate.
- * Until the first measurement launches run free. */
+ * A container that reserved no compute on the GPU (the limits file's sm_unreserved: gpu-mem without
+ * gpu-core.percentage on a core_mem node) takes only what its neighbours leave, whatever the policy but disable:
+ * its share s is a cap (what nobody had reserved when it was placed), not a floor. While the GPU has room its aim
+ * grows by half the room, at most GS_UNRESERVED_STEP a step, up to s; when the GPU is saturated while another
+ * container uses at least GS_NEIGHBOUR_MIN, its aim is divided by GS_UNRESERVED_CUT at once (down to 1 %), and it
+ * does not grow again for GS_HOLD_MS. So any number of such containers leave a paid share its compute. It
+ * starts from a trickle (a few thousand blocks a second), not free.
+ * Otherwise, until the first measurement launches run free. */
 #ifndef GS_THROTTLE_H
 #define GS_THROTTLE_H
 
@@ -34,18 +41,22 @@
 #define GS_SATURATED 97      /* default: the GPU counts as saturated from this utilisation */
 #define GS_NEIGHBOUR_MIN 5   /* default: another container counts as wanting compute from this use */
 #define GS_HOLD_MS 1000      /* default: after giving compute back, no bursting for this long */
+#define GS_UNRESERVED_STEP 5 /* no compute reserved: the most its aim grows in one step (percent of the GPU) */
+#define GS_UNRESERVED_CUT 4  /* no compute reserved: a saturated GPU divides its aim by this, each step */
 
 /* What the throttle is told about each CUDA device of the process (it reads no device table). */
 struct gs_share_limit {
     char uuid[GS_UUID_LEN];
-    int share;   /* percent of the GPU, 1..100; 100 = no share to hold */
-    int blocked; /* the process may not use the GPU at all */
+    int share;      /* percent of the GPU, 1..100; 100 = no share to hold (unless unreserved) */
+    int blocked;    /* the process may not use the GPU at all */
+    int unreserved; /* no compute reserved: share is a cap, and the container gives way to its neighbours */
 };
 
 /* One GPU as the gate sees it. */
 struct gs_gate_dev {
     int active;
     int share;
+    int unreserved;                /* see struct gs_share_limit */
     int rd;                        /* region device */
     struct gs_region_compute *c;   /* the container's bucket in the usage file */
     char uuid[GS_UUID_LEN];

@@ -29,7 +29,8 @@ def as_dict(limits: contract.Limits) -> dict:
     return {
         "ok": True,
         "core_policy": limits.core_policy,
-        "devices": [{"uuid": d.uuid, "memory_limit": d.memory_limit, "sm_limit": d.sm_limit} for d in limits.devices],
+        "devices": [{"uuid": d.uuid, "memory_limit": d.memory_limit, "sm_limit": d.sm_limit,
+                     "sm_unreserved": d.sm_unreserved} for d in limits.devices],
     }
 
 
@@ -42,7 +43,7 @@ def random_limits(rng: random.Random) -> contract.Limits:
 
     devices = tuple(
         contract.DeviceLimit(uuid(), rng.choice([0, 1, 1 << 30, rng.getrandbits(63), (1 << 63) - 1]),
-                             rng.randint(1, 100))
+                             rng.randint(1, 100), rng.random() < 0.3)
         for _ in range(rng.randint(1, contract.LIMITS_MAX_DEVICES))
     )
     return contract.Limits(devices=devices, core_policy=rng.choice(contract.CORE_POLICIES))
@@ -60,7 +61,8 @@ def mutate(rng: random.Random, text: str) -> str:
     """A limits file with a few lines changed, dropped, duplicated or made up."""
     lines = text.splitlines()
     keys = ["version", "devices", "core_policy", "device.0.uuid", "device.0.memory_limit", "device.0.sm_limit",
-            "device.1.uuid", "device.1.memory_limit", "device.1.sm_limit", "device.00.uuid", "unknown", ""]
+            "device.1.uuid", "device.1.memory_limit", "device.1.sm_limit", "device.00.uuid", "unknown", "",
+            "device.0.sm_unreserved", "device.1.sm_unreserved"]
     values = ["0", "1", "2", "-1", "+1", "01", "100", "101", "17", "", " ", "x", "1.5", "1e3", "0x10", "1_0",
               "default", "force", "disable", "Force", "GPU-abc", str(1 << 63), str(1 << 64), "-0", "\t7"]
     for _ in range(rng.randint(1, 4)):
@@ -122,3 +124,16 @@ def test_errors_say_what_is_wrong() -> None:
     assert "device.0.uuid" in errors[0]
     assert "device.0.sm_limit must be 1..100" in errors[1]
     assert "core_policy" in errors[2] and "sometimes" in errors[2]
+
+
+def test_a_container_that_reserved_no_compute_is_read_as_such_and_junk_in_the_flag_refused() -> None:
+    # sm_unreserved=1: no compute reserved on that GPU, sm_limit is a cap (devplugin/allocation/unreserved.py)
+    flagged = contract.render_limits(contract.Limits(devices=(contract.DeviceLimit("GPU-1", 0, 30, True),)))
+    assert "device.0.sm_unreserved=1" in flagged
+    docs = [flagged, flagged.replace("sm_unreserved=1", "sm_unreserved=2"),
+            flagged.replace("sm_unreserved=1", "sm_unreserved=yes")]
+    got = c_parse([d.encode() for d in docs])
+    assert got[0]["ok"] and got[0]["devices"][0]["sm_unreserved"] is True and got[0]["devices"][0]["sm_limit"] == 30
+    for doc, res in zip(docs[1:], got[1:], strict=True):
+        assert not res["ok"] and "device.0.sm_unreserved must be 0 or 1" in res["error"]
+        assert not python_parse(doc)["ok"]

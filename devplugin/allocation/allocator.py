@@ -55,6 +55,7 @@ from devplugin.allocation.requests import (
     per_gpu_share,
 )
 from devplugin.allocation.units import Kind
+from devplugin.allocation.unreserved import MIN_UNRESERVED, cap, reserves_none
 from devplugin.allocation.view_sync import ViewSync
 
 log = logging.getLogger(__name__)
@@ -357,8 +358,7 @@ class Allocator(PairingFallback, ViewSync):
         key = key_of(pod, container)
         what = f"container {key}"
         request, per_gpu, gpus = self._request_of(pod, container)
-        need = Need(per_gpu={k: n for k, n in per_gpu.items() if n and k is not Kind.COUNT}, gpus=gpus,
-                    whole=bool(container.count))
+        need = self._need(per_gpu, gpus, container)
         room = Room(self.node, self.holdings, self.healthy, kind, avail)
         if fixed is not None:
             placement_gpus, source, override = fixed, "devices reused from an init container", ""
@@ -371,10 +371,12 @@ class Allocator(PairingFallback, ViewSync):
             try:
                 placement = self._with_resync(lambda: place(room, need, choice))
             except NoRoom as exc:
-                raise NoRoom(f"{what}: {exc}") from None
+                raise NoRoom(f"{what}: {exc}", reason=exc.reason) from None
             placement_gpus, source, override = placement.gpus, placement.source, placement.override
         dec = Decision(gpus=placement_gpus, key=key, pod=pod, container=container, request=request,
-                       per_gpu=per_gpu, source=source, exact=exact)
+                       per_gpu=per_gpu, source=source, exact=exact,
+                       unreserved={u: cap(self.holdings.free(Kind.CORE, u)) for u in placement_gpus}
+                       if need.unreserved else {})
         if self.holdings.get(dec.dir_name) is not None:  # its name went to a container placed for it on a guess
             dec.dir_name = f"{dec.dir_name[:71]}-{uuidlib.uuid4().hex[:8]}"
         if override:
@@ -408,13 +410,21 @@ class Allocator(PairingFallback, ViewSync):
                 _, per_gpu, count = self._request_of(pod, ct)
             except RequestError:
                 return None  # refused on its own call, with its own message
-            needs.append(Need(per_gpu={k: n for k, n in per_gpu.items() if n and k is not Kind.COUNT}, gpus=count,
-                              whole=bool(ct.count)))
+            needs.append(self._need(per_gpu, count, ct))
         together = plan_together(room, needs)
         if together is None:
             return None
         self._plans[pod.uid] = {ct.name: gpus for ct, gpus in zip(later, together[1:], strict=True)}
         return Choice(together[0], PLANNED)
+
+    def _need(self, per_gpu: Mapping[Kind, int], gpus: int, container: ContainerRequest) -> Need:
+        """What a container needs on each of its GPUs, a container that reserves no compute on a core_mem node
+        included (some compute nobody reserved: unreserved.py)."""
+        shares: dict[Kind, int] = {k: n for k, n in per_gpu.items() if n and k is not Kind.COUNT}
+        unpaid = not container.count and reserves_none(self.node.mode, shares.get(Kind.MEM, 0),
+                                                       shares.get(Kind.CORE, 0))
+        return Need(per_gpu=shares, gpus=gpus, whole=bool(container.count),
+                    unreserved=MIN_UNRESERVED if unpaid else 0)
 
     def _with_resync(self, attempt: Callable[[], T]) -> T:
         """attempt(); on NoRoom, once more after re-reading PodResources (the view may be stale for resources the

@@ -63,6 +63,9 @@ class Decision:
     container: ContainerRequest | None = None
     request: dict[Kind, int] = field(default_factory=dict)  # whole-container amounts (the kubelet's sizes)
     per_gpu: dict[Kind, int] = field(default_factory=dict)  # units of each kind on each of `gpus`
+    # core_mem, a container that reserves no compute (gpu-mem alone): the compute percent nobody had reserved on
+    # each of its GPUs (by UUID) when it was placed, the most its shim lets it take (unreserved.py)
+    unreserved: dict[str, int] = field(default_factory=dict)
     preferred: dict[Kind, list[str]] = field(default_factory=dict)
     allocated: dict[Kind, list[str]] = field(default_factory=dict)
     touched: float = 0.0

@@ -57,6 +57,8 @@ def call_envs(node: Node, decision: Decision, kind: Kind, groups: Mapping[str, C
         if node.isolates_memory():
             for i, gpu in enumerate(gpus):
                 envs[f"{c.ENV_MEMORY_LIMIT}_{i}"] = f"{len(groups.get(gpu.uuid, ())) * node.unit.bytes // MiB}m"
+        if decision.exact and node.isolates_compute() and Kind.CORE not in decision.request and decision.unreserved:
+            envs[c.ENV_SM_LIMIT] = str(min(decision.unreserved.values()))  # compute nobody reserved (unreserved.py)
     elif kind is Kind.CORE and node.isolates_compute():
         envs[c.ENV_SM_LIMIT] = str(len(groups.get(gpus[0].uuid, ())))
     return envs
@@ -84,6 +86,8 @@ def decision_envs(node: Node, decision: Decision) -> dict[str, str]:
     core = decision.per_gpu.get(Kind.CORE, 0)
     if core and node.isolates_compute():
         envs[c.ENV_SM_LIMIT] = str(core)
+    elif node.isolates_compute() and decision.unreserved:
+        envs[c.ENV_SM_LIMIT] = str(min(decision.unreserved.values()))  # compute nobody reserved (unreserved.py)
     return envs
 
 

@@ -19,6 +19,7 @@ from devplugin.allocation.pairing import PairingBook
 from devplugin.allocation.placement import RecentShares, pick_gpu, pick_units, pick_whole_gpus
 from devplugin.allocation.ports import Grant, KubeletListing, MountSpec, PodLookup, Reporter
 from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind, encode_id
+from devplugin.allocation.unreserved import MIN_UNRESERVED, advice, cap, reserves_none
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -105,13 +106,19 @@ class PairingFallback:
         takes the GPU with the most room for the other half: if the container cannot fit there, it fits nowhere."""
         partner = Kind.CORE if kind is Kind.MEM else Kind.MEM
         pair = partner in self.node.kinds and Kind.CORE in self.node.kinds
+        # on a core_mem node every container needs some compute nobody reserved on its GPU: its own share, or, if
+        # it asks for memory only, some to run on (unreserved.py); either way a GPU without any is no choice
+        unreserved = MIN_UNRESERVED if kind is Kind.MEM and reserves_none(self.node.mode, size, 0) else 0
         room = {uuid: len(units) for uuid, units in avail.items()
-                if not self.holdings.whole(uuid) and self.healthy(uuid) and len(units) >= size}
+                if not self.holdings.whole(uuid) and self.healthy(uuid) and len(units) >= size
+                and self.holdings.free(Kind.CORE, uuid) >= unreserved}
         if pair and room:
             covered = {uuid: self.recent.covered(partner, self.holdings.free(partner, uuid)) for uuid in room}
             best = max(covered.values())
             room = {uuid: free for uuid, free in room.items() if covered[uuid] == best}
         target = pick_gpu(self.node, room, size, self.node.placement)
+        if target is None and (no_compute := self._no_unreserved(kind, avail, size)) is not None:
+            raise no_compute
         if target is None:
             detail = ", ".join(
                 f"GPU {self.node.by_uuid[u].index}: {len(avail.get(u, []))}"
@@ -123,6 +130,20 @@ class PairingFallback:
                 "share must fit on one GPU: lower the request or wait for room"
             )
         return target
+
+    def _no_unreserved(self, kind: Kind, avail: dict[str, set[str]], size: int) -> NoRoom | None:
+        """NoRoom when GPUs have the memory but none has compute nobody reserved (None otherwise)."""
+        if kind is not Kind.MEM or not reserves_none(self.node.mode, size, 0):
+            return None
+        roomy = [u for u, units in avail.items() if not self.holdings.whole(u) and self.healthy(u)
+                 and len(units) >= size]
+        if not roomy or any(self.holdings.free(Kind.CORE, u) >= MIN_UNRESERVED for u in roomy):
+            return None
+        detail = ", ".join(f"GPU {self.node.by_uuid[u].index}: {self.holdings.free(Kind.CORE, u)} % core free"
+                           for u in roomy)
+        return NoRoom(f"{self.node.resource_name(kind)}: the GPUs with {size} free units have no compute nobody "
+                      f"reserved ({detail}): {advice(self.node.resource_name(Kind.CORE))}",
+                      reason="no_unreserved_compute")
 
     def _preferred_whole(self, avail: dict[str, set[str]], must: dict[str, set[str]], size: int) -> list[str]:
         res = self.node.resource_name(Kind.COUNT)
@@ -163,7 +184,8 @@ class PairingFallback:
         target = dec if dec is not None else Decision(gpus=uuids)
         others = self.holdings.owners(ids) - {target.dir_name}
         self._recheck(target, kind, groups, ids, self._handed_on(kind, ids, others) if others else frozenset())
-        trial = Decision(gpus=target.gpus, allocated={**target.allocated, kind: list(ids)}, dir_name=target.dir_name)
+        trial = Decision(gpus=target.gpus, allocated={**target.allocated, kind: list(ids)}, dir_name=target.dir_name,
+                         unreserved=target.unreserved or self._unreserved_cap(kind, uuids))
         envs = container_envs(self.node, kind, uuids, len(ids))
         mounts = self._mounts(trial, kind, ids)
         shim_envs(envs, mounts)
@@ -184,6 +206,14 @@ class PairingFallback:
         self._log_grant(dec, kind, ids)
         return Grant(uuids, tuple(ids), envs, mounts, dec)
 
+
+    def _unreserved_cap(self, kind: Kind, uuids: tuple[str, ...]) -> dict[str, int]:
+        """The gpu-mem half of a container placed without its pod on a core_mem node: the compute nobody reserved
+        on its GPU now, the most it may take if no gpu-core.percentage call follows (its limits say so until one
+        does: unreserved.py)."""
+        if kind is not Kind.MEM or Kind.CORE not in self.node.kinds:
+            return {}
+        return {u: cap(self.holdings.free(Kind.CORE, u)) for u in uuids}
 
     def _joined(self, dec: Decision | None, kind: Kind) -> Decision | None:
         """`dec` if this call of `kind` is its container's other resource, as far as the kubelet's PodResources can

@@ -8,7 +8,7 @@ view (holdings) and, for the resource being called, from the kubelet's own `avai
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from devplugin.allocation.choice import Choice
 from devplugin.allocation.errors import NoRoom
@@ -16,6 +16,7 @@ from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.node import Node
 from devplugin.allocation.placement import pick_whole_gpus
 from devplugin.allocation.units import Kind
+from devplugin.allocation.unreserved import advice
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class Need:
     per_gpu: Mapping[Kind, int]  # gpu-mem and gpu-core.percentage units on each GPU (shared containers)
     gpus: int = 1
     whole: bool = False  # gpu-count: whole GPUs, nothing else on them
+    # compute percent that must be unreserved on each GPU without being reserved: a container that reserves no
+    # compute on a core_mem node runs only on compute nobody reserved (unreserved.py)
+    unreserved: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class Room:
             return False
         if need.whole:
             return not self.holdings.shared(uuid) and self.free(Kind.COUNT, uuid) > 0
+        if need.unreserved and self.free(Kind.CORE, uuid) < need.unreserved:
+            return False
         return all(self.free(kind, uuid) >= n for kind, n in need.per_gpu.items() if n)
 
     def describe(self, uuid: str) -> str:
@@ -81,6 +87,8 @@ def describe_need(node: Node, need: Need) -> str:
         parts.append(f"{need.per_gpu[Kind.MEM]} {node.unit.name}")
     if need.per_gpu.get(Kind.CORE):
         parts.append(f"{need.per_gpu[Kind.CORE]} % core")
+    if need.unreserved:
+        parts.append(f"at least {need.unreserved} % core nobody reserved")
     what = " and ".join(parts) or "a share"
     return f"{what} on each of {need.gpus} GPUs" if need.gpus > 1 else f"{what} on one GPU"
 
@@ -100,6 +108,10 @@ def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
     fits = [g.uuid for g in node.gpus if room.fits(g.uuid, need)]
     if len(fits) < need.gpus:
         detail = "; ".join(room.describe(g.uuid) for g in node.gpus)
+        if need.unreserved and len([g for g in node.gpus if room.fits(g.uuid, replace(need, unreserved=0))]) \
+                >= need.gpus:
+            raise NoRoom(f"no GPU of this node has room for {describe_need(node, need)} ({detail}): "
+                         + advice(node.resource_name(Kind.CORE)), reason="no_unreserved_compute")
         raise NoRoom(f"no GPU of this node has room for {describe_need(node, need)} ({detail}); "
                      "lower the request or wait for running pods to end")
     if need.whole:
@@ -136,7 +148,8 @@ def plan_together(room: Room, needs: Sequence[Need], budget: int = 20_000) -> li
             return True
         need = needs[i]
         key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
-        fits = [u for u in uuids if all(free[(k, u)] >= n for k, n in need.per_gpu.items() if n)]
+        fits = [u for u in uuids if all(free[(k, u)] >= n for k, n in need.per_gpu.items() if n)
+                and free[(Kind.CORE, u)] >= need.unreserved]
         fits.sort(key=lambda u: (sign * free[(key_kind, u)], node.by_uuid[u].index))
         for u in fits:
             steps += 1

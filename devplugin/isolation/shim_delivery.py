@@ -26,12 +26,18 @@ MIN_AGE_S = 600.0  # a directory younger than this may belong to a container sti
 
 def limits_for(decision: Decision, node: Node) -> contract.Limits:
     """What the shim enforces for this container on each of its GPUs: memory cap (cgpu, core_mem) and compute
-    share (core_mem)."""
+    share (core_mem). On core_mem, a container granted no gpu-core.percentage (yet) runs on compute nobody
+    reserved (unreserved.py): at most what was unreserved on the GPU when it was placed, giving way to its
+    neighbours; a gpu-core.percentage call that follows replaces that with its share (shim_files.merge_limits)."""
     if decision.known:  # what the resources granted so far bring (the container may still be a guess)
         mem, core = (decision.per_gpu.get(k, 0) if k in decision.allocated else 0 for k in (Kind.MEM, Kind.CORE))
     else:
         mem, core = decision.amount(Kind.MEM), decision.amount(Kind.CORE)
     memory = mem * node.unit.bytes if node.isolates_memory() else 0
+    if node.isolates_compute() and not core and mem:
+        return contract.Limits(devices=tuple(
+            contract.DeviceLimit(uuid=uuid, memory_limit=memory, sm_limit=decision.unreserved.get(uuid, 100),
+                                 sm_unreserved=True) for uuid in decision.gpus))
     share = core if node.isolates_compute() and core else 100
     return contract.Limits(devices=tuple(contract.DeviceLimit(uuid=uuid, memory_limit=memory, sm_limit=share)
                                          for uuid in decision.gpus))

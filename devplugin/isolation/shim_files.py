@@ -82,18 +82,24 @@ def usage_file_path(paths: ShimPaths, alloc_id: str) -> Path:
 
 def merge_limits(old: contract.Limits, new: contract.Limits) -> contract.Limits:
     """One container's limits from two Allocate calls (gpu-mem, then gpu-core.percentage): per GPU UUID, a value
-    the new limits leave at its default (memory 0, sm 100; policy "default") keeps the earlier one."""
+    the new limits leave at its default (memory 0, sm 100; policy "default") keeps the earlier one. A compute share
+    (sm_limit below 100, reserved) wins over no reservation (sm_unreserved), whichever call brought it: the
+    gpu-mem call of a container placed without its pod cannot know that its gpu-core.percentage call follows."""
     devices = {d.uuid: d for d in old.devices}
     for d in new.devices:
         before = devices.get(d.uuid)
         if before is None:
             devices[d.uuid] = d
             continue
-        devices[d.uuid] = replace(
-            before,
-            memory_limit=d.memory_limit or before.memory_limit,
-            sm_limit=d.sm_limit if d.sm_limit != 100 else before.sm_limit,
-        )
+        paid_before = before.sm_limit != 100 and not before.sm_unreserved
+        if d.sm_limit != 100 and not d.sm_unreserved:
+            sm, unreserved = d.sm_limit, False
+        elif paid_before or not d.sm_unreserved:
+            sm, unreserved = before.sm_limit, before.sm_unreserved
+        else:
+            sm, unreserved = d.sm_limit, True
+        devices[d.uuid] = replace(before, memory_limit=d.memory_limit or before.memory_limit, sm_limit=sm,
+                                  sm_unreserved=unreserved)
     policy = new.core_policy if new.core_policy != "default" else old.core_policy
     return contract.Limits(devices=tuple(devices.values()), core_policy=policy)
 
@@ -167,7 +173,8 @@ def prepare_container(paths: ShimPaths, alloc_id: str, limits: contract.Limits, 
     preload = _write_preload(paths)
     locks = _gpu_locks(paths, [d.uuid for d in limits.devices])
     log.info("shim for container %s: %s", alloc_id,
-             ", ".join(f"{d.uuid} memory {d.memory_limit} bytes, sm {d.sm_limit}%" for d in merged.devices))
+             ", ".join(f"{d.uuid} memory {d.memory_limit} bytes, sm {d.sm_limit}%"
+                       + (" of compute nobody reserved" if d.sm_unreserved else "") for d in merged.devices))
     return [
         MountSpec(contract.CONTAINER_LIB_PATH, str(paths.host_lib), True),
         MountSpec(contract.CONTAINER_PRELOAD_PATH, str(preload), True),

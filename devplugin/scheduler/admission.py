@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from devplugin.allocation import unreserved
 from devplugin.allocation.requests import PodRequestError, check_core, per_gpu_share, pod_request, resource_names
 from devplugin.bounded import RefusedValue, whole_quantity
 from devplugin.contract import (
@@ -30,6 +31,7 @@ SLICE_ONLY_ENV = ("LD_PRELOAD",)  # reserved in containers that ask for our GPUs
 RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_", "GPUSHARE_", "ALIYUN_COM_GPU_MEM_", "NVIDIA_VISIBLE_")
 NO_GPU_VALUES = (VOID, "none", "")  # NVIDIA_VISIBLE_DEVICES values that grant nothing (the mutating webhook's)
 CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
+COMPUTE_SHARE_MODE = unreserved.MODE  # nodes that hold containers to compute shares (validate's compute_shares)
 # A denial lists this many problems and counts the rest, and every name it repeats is clipped: a pod of many
 # containers or env entries, or of long names, must not make a message larger than the pod (each problem repeats
 # its container's name).
@@ -140,8 +142,10 @@ def _asks_ours(spec: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> bool:
 
 
 def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool = False,
-             domain: str = DEFAULT_RESOURCE_DOMAIN) -> Verdict:
-    """Allow or deny a pod; every denial lists each problem with what to change."""
+             domain: str = DEFAULT_RESOURCE_DOMAIN, compute_shares: bool = False) -> Verdict:
+    """Allow or deny a pod; every denial lists each problem with what to change. `compute_shares`: some node of
+    the cluster holds containers to compute shares (core_mem): a container that asks for gpu-mem alone is allowed
+    (it may land on a cgpu or share node) and told, in a warning, what it gets on such a node."""
     env = env_problems(pod, namespace_opted_out, domain)
     try:
         req = pod_request(pod, domain)
@@ -194,9 +198,20 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
                      + ("" if n > 1 else f" or label the pod {LABEL_ACK_MULTI_GPU}=N to split it"))
             if not largest_gpu_units:
                 warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
+            if compute_shares and not c.core:
+                warnings.append(unreserved_warning(c.name, names[1]))
     if problems:
         return Verdict(False, _listed(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
+
+
+def unreserved_warning(container: str, core_resource: str) -> str:
+    """What a container asking for gpu-mem and no compute gets on a core_mem node (allocation/unreserved.py): the
+    node daemon's and the extender's rule, told at creation (which node the pod goes to is not known yet)."""
+    return (f"container {container!r} asks for gpu-mem without {core_resource}: on a core_mem node it reserves no "
+            "compute and runs only on compute nobody reserved (at most what was unreserved on its GPU when it was "
+            "placed, giving way to containers with a compute share; never on a GPU whose compute is all reserved); "
+            f"add {core_resource} to reserve compute")
 
 
 def _differ(request: object, limit: object) -> bool:

@@ -1,9 +1,11 @@
 """Does a pod fit a node, and on which GPUs: one pure function used by filter, prioritize and bind.
 
 Rules (docs/scheduler.md): the node's mode must serve what the pod asks (gpu-core.percentage only on
-core_mem nodes; gpu-mem and gpu-count everywhere; on core_mem nodes a memory-only container is allowed and
-holds no compute share). Each container's memory and compute go together on one GPU, or on N GPUs (mem/N and
-core/N on each) for a pod that asks for N-way multi-GPU sharing; gpu-count takes GPUs with nothing on them.
+core_mem nodes; gpu-mem and gpu-count everywhere). On core_mem nodes a memory-only container runs only on compute
+nobody reserved (devplugin/allocation/unreserved.py, the node daemon's rule): it goes only to a GPU with at least
+5 % of its compute unreserved, and reserves none of it. Each container's memory and compute go together on one
+GPU, or on N GPUs (mem/N and core/N on each) for a pod that asks for N-way multi-GPU sharing; gpu-count takes GPUs
+with nothing on them.
 Unhealthy GPUs and GPUs held whole take nothing. Containers are placed largest first (whole GPUs, then shares
 by memory), each on the GPUs the node's placement prefers: binpack the fullest that fits, spread the emptiest.
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, per_gpu_share
+from devplugin.allocation.unreserved import advice, core_needed
 from devplugin.contract import LABEL_ACK_MULTI_GPU, GpuShare
 from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
 
@@ -194,7 +197,8 @@ def _before_apps(node: NodeView, ask: Ask, placed: Mapping[str, tuple[GpuShare, 
 def _one_share(item: Item, node: NodeView) -> Fit:
     """The common case without copying the node's rooms: one container, one GPU."""
     mem, core = item.mem, item.core
-    fits = [t for t in node.open_rooms if t[0] >= mem and t[1] >= core]
+    need = core_needed(node.mode, mem, core)
+    fits = [t for t in node.open_rooms if t[0] >= mem and t[1] >= need]
     if not fits:
         return Fit(reason=_why_not_one(node, mem, core))
     best = min(fits, key=_spread_key) if node.placement == "spread" else min(fits)
@@ -228,10 +232,11 @@ def _whole(rooms: list[GpuRoom], c: ContainerRequest) -> tuple[GpuShare, ...] | 
 
 def _shares(rooms: list[GpuRoom], item: Item, node: NodeView) -> tuple[GpuShare, ...] | str:
     mem, core, gpus = item.mem, item.core, item.gpus
+    need = core_needed(node.mode, mem, core)
     usable = [r for r in rooms if r.healthy and not r.whole]
-    fits = [r for r in usable if r.mem_free >= mem and r.core_free >= core]
+    fits = [r for r in usable if r.mem_free >= mem and r.core_free >= need]
     if len(fits) < gpus:
-        return _why_not(rooms, usable, mem, core, gpus, node.unit_mib)
+        return _why_not(rooms, usable, mem, core, gpus, node.unit_mib, need)
     if node.placement == "spread":
         fits.sort(key=lambda r: (-r.mem_free, -r.core_free, r.index))
     else:
@@ -245,13 +250,17 @@ def _shares(rooms: list[GpuRoom], item: Item, node: NodeView) -> tuple[GpuShare,
 
 
 def _why_not(rooms: Sequence[GpuRoom], usable: Sequence[GpuRoom], mem: int, core: int, gpus: int,
-             unit_mib: int) -> str:
+             unit_mib: int, need: int) -> str:
     where = _considered(rooms)
     tail = _excluded(rooms)
     if not usable:
         return f"{where}: no GPU can take a share{tail}"
     by_mem = [r for r in usable if r.mem_free >= mem]
     if gpus > 1:
+        if need and not core and len(by_mem) >= gpus:  # the memory is there; compute nobody reserved is not
+            have = len([r for r in by_mem if r.core_free >= need])
+            return (f"{where}: {have} GPU(s) have {mem_text(mem, unit_mib)} free and at least {need} % compute "
+                    f"nobody reserved, {gpus} needed for a {gpus}-GPU share{tail}: {_UNRESERVED}")
         have = len([r for r in by_mem if r.core_free >= core])
         what = mem_text(mem, unit_mib) + (f" and {core} % compute" if core else "")
         return f"{where}: {have} GPU(s) have {what} free, {gpus} needed for a {gpus}-GPU share{tail}"
@@ -259,6 +268,19 @@ def _why_not(rooms: Sequence[GpuRoom], usable: Sequence[GpuRoom], mem: int, core
         best = max(r.mem_free for r in usable)
         return f"{where}: at most {mem_text(best, unit_mib)} free on one GPU, {mem_text(mem, unit_mib)} asked{tail}"
     best_core = max(r.core_free for r in by_mem)
+    return _core_short(where, mem, core, best_core, unit_mib, tail)
+
+
+# the end of a refusal for lack of unreserved compute (the daemon's words: unreserved.advice)
+_UNRESERVED = advice("gpu-core.percentage")
+
+
+def _core_short(where: str, mem: int, core: int, best_core: int, unit_mib: int, tail: str) -> str:
+    """Why the GPUs with the memory do not do: too little compute free for the share, or, for a container that
+    reserves none on a core_mem node, none unreserved."""
+    if not core:
+        return (f"{where}: the GPUs with {mem_text(mem, unit_mib)} free have at most {best_core} % compute "
+                f"nobody reserved{tail}: {_UNRESERVED}")
     return (f"{where}: the GPUs with {mem_text(mem, unit_mib)} free have at most {best_core} % compute free, "
             f"{core} % asked{tail}")
 
@@ -272,8 +294,7 @@ def _why_not_one(node: NodeView, mem: int, core: int) -> str:
         return (f"{where}: at most {mem_text(best, node.unit_mib)} free on one GPU, {mem_text(mem, node.unit_mib)} "
                 f"asked{tail}")
     best_core = max(t[1] for t in node.open_rooms if t[0] >= mem)
-    return (f"{where}: the GPUs with {mem_text(mem, node.unit_mib)} free have at most {best_core} % compute free, "
-            f"{core} % asked{tail}")
+    return _core_short(where, mem, core, best_core, node.unit_mib, tail)
 
 
 def one_share_check(item: Item, needs_core: bool, node: NodeView) -> tuple[str, bool]:
@@ -284,8 +305,9 @@ def one_share_check(item: Item, needs_core: bool, node: NodeView) -> tuple[str, 
     if needs_core and node.mode not in MODES_WITH_CORE:
         return f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)", True
     mem, core = item.mem, item.core
+    need = core_needed(node.mode, mem, core)
     for t in node.open_rooms:
-        if t[0] >= mem and t[1] >= core:
+        if t[0] >= mem and t[1] >= need:
             return "", False
     return _why_not_one(node, mem, core), False
 
@@ -296,8 +318,9 @@ def one_share_score(item: Item, needs_core: bool, node: NodeView) -> int:
     if not total or node.problem or (needs_core and node.mode not in MODES_WITH_CORE):
         return 0
     mem, core = item.mem, item.core
+    need = core_needed(node.mode, mem, core)
     for t in node.open_rooms:
-        if t[0] >= mem and t[1] >= core:
+        if t[0] >= mem and t[1] >= need:
             break
     else:
         return 0

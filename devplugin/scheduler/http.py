@@ -347,7 +347,8 @@ def validate_endpoint(svc: Service, body: Body) -> Response:
     if review.request.operation == "UPDATE":
         verdict = admission.validate_update(pod, review.request.oldObject or {}, svc.state.domain)
     else:
-        verdict = admission.validate(pod, svc.state.largest_gpu_units(), domain=svc.state.domain)
+        verdict = admission.validate(pod, svc.state.largest_gpu_units(), domain=svc.state.domain,
+                                     compute_shares=svc.state.has_mode(admission.COMPUTE_SHARE_MODE))
     svc.metrics.review("validate", "allowed" if verdict.allowed else "denied", verdict.rules)
     resp = AdmissionResponse(uid=uid, allowed=verdict.allowed, warnings=list(verdict.warnings) or None)
     if not verdict.allowed:

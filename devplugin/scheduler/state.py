@@ -246,6 +246,11 @@ class ClusterState:
                                      for g in e.inventory.gpus), default=0)
             return self._largest
 
+    def has_mode(self, mode: str) -> bool:
+        """Some node of the cluster runs in this mode (ack.node.gpu.schedule)."""
+        with self._lock:
+            return any(e.mode == mode for e in self._nodes.values())
+
     def node_lock(self, name: str) -> threading.Lock:
         with self._lock:
             return self._node_locks.setdefault(name, threading.Lock())

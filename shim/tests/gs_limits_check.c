@@ -36,8 +36,9 @@ static void report(int rc, const struct gs_limits *l, const char *err)
     for (int i = 0; i < l->ndevices; i++) {
         printf("%s{\"uuid\":", i ? "," : "");
         json_string(l->dev[i].uuid);
-        printf(",\"memory_limit\":%llu,\"sm_limit\":%d}", (unsigned long long)l->dev[i].memory_limit,
-               l->dev[i].sm_limit);
+        printf(",\"memory_limit\":%llu,\"sm_limit\":%d,\"sm_unreserved\":%s}",
+               (unsigned long long)l->dev[i].memory_limit, l->dev[i].sm_limit,
+               l->dev[i].sm_unreserved ? "true" : "false");
     }
     printf("]}\n");
 }

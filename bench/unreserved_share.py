@@ -1,0 +1,122 @@
+"""A paid compute share beside containers that reserved none, on one simulated GPU of a core_mem node.
+
+    .venv/bin/python bench/unreserved_share.py [--grid 132] [--settle 3] [--window 4] [--neighbours 1,2,4,8]
+
+The node daemon's allocator places a 70 % container (8 GiB) and N containers asking for 4 GiB of gpu-mem and no
+gpu-core.percentage on the one GPU of a core_mem node, and writes each one's limits file; every container is one
+`build/shim/tests/gs_probe` process launching kernels of GRID blocks x 1 us back to back under `libgpushare.so`
+with that limits file (the daemon's policy: `default`). The fake driver runs every process's kernels on one shared
+timeline, time-sliced between busy processes about evenly as a GPU is; what each container got is read from the
+timeline after --settle seconds, over --window seconds. Two orders: the paid container placed first (its
+neighbours' limits cap them at the 30 % nobody reserved) and last (they were placed on a GPU nobody had reserved
+any of: cap 100).
+
+Then the start of the neighbours: the 70 % container runs alone, N memory-only containers start beside it; how
+long until it has had >= 65 % in two consecutive 100 ms ticks again, and its lowest tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from devplugin_sim.gpu_share import Run, Workload, make_gpu, measure_steady, shares  # noqa: E402
+from devplugin_sim.placed_share import paid_beside_memory_only  # noqa: E402
+
+PAID = 70
+KEEPS = 65
+
+
+def neighbours_start(work: Path, n: int, workload: Workload, alone: float, together: float
+                     ) -> tuple[float | None, float]:
+    """(seconds until the paid container is back at >= KEEPS in two consecutive ticks or None, its lowest tick)
+    after `n` memory-only neighbours start beside it."""
+    driver = make_gpu(work / "node")
+    try:
+        paid, *others = paid_beside_memory_only(work / "state", driver.gpus[0].uuid, PAID, n)
+        run = Run(driver, work / "run", workload, alone + together + 0.5)
+        try:
+            run.start(paid)
+            time.sleep(alone)
+            for c in others:
+                run.start(c, seconds=together)
+            start = prev_t = time.monotonic()
+            prev = run.busy()
+            trace = []
+            while time.monotonic() - start < together - 0.1:
+                time.sleep(0.1)
+                now_t, now = time.monotonic(), run.busy()
+                trace.append((now_t - start, shares(prev, now, now_t - prev_t)["paid"]))
+                prev_t, prev = now_t, now
+            run.finish()
+        finally:
+            run.stop()
+    finally:
+        driver.close()
+    back = next((trace[i - 1][0] for i in range(1, len(trace))
+                 if trace[i - 1][1] >= KEEPS and trace[i][1] >= KEEPS), None)
+    return back, min(s for _, s in trace)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=int, default=132, help="blocks per kernel (1 us each)")
+    parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument("--window", type=float, default=4.0)
+    parser.add_argument("--neighbours", default="1,2,4,8", help="numbers of memory-only containers to try")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the neighbours' start")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.neighbours.split(",")]
+    workload = Workload(grid=args.grid)
+    work = Path(tempfile.mkdtemp(prefix="gsbench-unreserved-", dir="/tmp"))
+    results: dict[str, object] = {"grid": args.grid, "window_s": args.window, "steady": {}, "start": {}}
+    print(f"a {PAID} % container beside N containers that reserved no compute, one simulated GPU, kernels of "
+          f"{args.grid} blocks x 1 us, measured over {args.window:g} s after {args.settle:g} s")
+    print(f"{'N':>3}  {'placed':<12}{'paid got':>9}{'each memory-only got':>34}")
+    worst = 100.0
+    try:
+        for n in counts:
+            for paid_first in (True, False):
+                tag = f"n{n}-{'first' if paid_first else 'last'}"
+                driver = make_gpu(work / tag / "node")
+                try:
+                    containers = paid_beside_memory_only(work / tag / "state", driver.gpus[0].uuid, PAID, n,
+                                                         paid_first)
+                    got = measure_steady(driver, work / tag / "run", containers, args.settle, args.window,
+                                         workload)
+                finally:
+                    driver.close()
+                rest = [round(v, 1) for k, v in got.items() if k != "paid"]
+                worst = min(worst, got["paid"])
+                results["steady"][tag] = {"paid": round(got["paid"], 1), "memory_only": rest}  # type: ignore[index]
+                print(f"{n:>3}  {'paid first' if paid_first else 'paid last':<12}{got['paid']:>8.1f}%"
+                      f"{' + '.join(f'{v:.1f}' for v in rest):>33}%")
+        for n in counts:
+            runs = [neighbours_start(work / f"start-{n}-{r}", n, workload, alone=1.5, together=3.0)
+                    for r in range(args.repeat)]
+            back = [b for b, _ in runs if b is not None]
+            lowest = [low for _, low in runs]
+            results["start"][f"n{n}"] = {"back_s": [b for b, _ in runs], "lowest": lowest}  # type: ignore[index]
+            print(f"{n} memory-only container(s) start beside the busy {PAID} % one: back at >= {KEEPS} % after "
+                  + (f"{statistics.median(back) * 1000:.0f} ms (median of {len(back)}, worst "
+                     f"{max(back) * 1000:.0f} ms)" if back else "never")
+                  + f"; its lowest 100 ms tick {min(lowest):.1f} %")
+        print(f"lowest steady share of the {PAID} % container: {worst:.1f} %")
+        results["worst_paid"] = round(worst, 1)
+        print(json.dumps(results))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if worst >= KEEPS else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
