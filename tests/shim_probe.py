@@ -76,8 +76,11 @@ class Node:
         env.update({
             "GS_PROBE_LIBCUDA": str(FAKE_CUDA),
             "GS_PROBE_LIBNVML": str(FAKE_NVML),
+            # The shim's test build takes the fake drivers from these; the shipped library (which a daemon under
+            # test may hand out) finds them by soname, as a node's driver.
             contract.ENV_REAL_LIBCUDA: str(FAKE_CUDA),
             contract.ENV_REAL_LIBNVML: str(FAKE_NVML),
+            "LD_LIBRARY_PATH": ":".join(p for p in (str(FAKE_CUDA.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p),
             contract.ENV_SHARED_CACHE: str(self.cache),
             contract.ENV_CONTEXT_RESERVE: "0",
         })
