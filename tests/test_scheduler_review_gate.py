@@ -28,12 +28,12 @@ from tests.test_scheduler_http import review
 # --- the gate alone -----------------------------------------------------------------------------------------------
 
 
-def test_the_gate_runs_at_most_its_slots_and_half_of_them_for_one_client() -> None:
+def test_the_gate_runs_at_most_its_slots_and_a_quarter_of_them_for_one_client() -> None:
     async def scenario() -> None:
-        gate = ReviewGate(GateSettings(slots=4, max_wait_s=5))
+        gate = ReviewGate(GateSettings(slots=8, max_wait_s=5))
         for _ in range(2):
             await gate.acquire("tenant")
-        third = asyncio.ensure_future(gate.acquire("tenant"))  # the tenant's share (2 of 4) is taken: it waits
+        third = asyncio.ensure_future(gate.acquire("tenant"))  # the tenant's share (2 of 8) is taken: it waits
         await asyncio.sleep(0.01)
         assert not third.done() and gate.in_use == 2 and gate.queued == 1
         await gate.acquire("apiserver")  # another client takes a free slot at once
@@ -74,7 +74,7 @@ def test_a_full_queue_or_a_long_wait_is_busy_and_holds_nothing() -> None:
         await gate.acquire("a")
         waiters = [asyncio.ensure_future(gate.acquire(f"w{i}")) for i in range(gate.settings.max_waiting)]
         await asyncio.sleep(0.01)
-        with pytest.raises(Busy, match="1 reviews running and 16 waiting"):
+        with pytest.raises(Busy, match="1 reviews running and 64 waiting"):
             await gate.acquire("late")
         results = await asyncio.gather(*waiters, return_exceptions=True)
         assert all(isinstance(r, Busy) and "no review slot freed within 0.2 s" in str(r) for r in results)
@@ -173,16 +173,21 @@ def post_reviews(served: Served, sources: list[str], results: list[int]) -> list
 
 
 def test_reviews_run_at_most_the_bound_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 24 reviews posted together by two addresses: at most 4 are judged at once, 2 per address.
+    # 24 reviews posted together by four addresses: at most 4 are judged at once, one per address.
     slow = Blocking(hold=0.15)
     monkeypatch.setattr(admission, "validate", slow(admission.validate))
     results: list[int] = []
     with serving(service(gate_settings=GateSettings(slots=4, max_wait_s=10))) as served:
-        threads = post_reviews(served, ["127.0.0.1"] * 12 + ["127.0.0.3"] * 12, results)
+        threads = post_reviews(served, [f"127.0.0.{a}" for a in (1, 3, 4, 5) for _ in range(6)], results)
         for t in threads:
             t.join(timeout=60)
     assert results == [200] * 24
     assert slow.calls == 24 and slow.most == 4
+    slow.most = 0
+    with serving(service(gate_settings=GateSettings(slots=4, max_wait_s=10))) as served:
+        for t in post_reviews(served, ["127.0.0.1"] * 6, results):
+            t.join(timeout=60)
+    assert slow.most == 1  # one address: one at a time
 
 
 def test_the_extenders_verbs_are_answered_while_reviews_fill_their_slots(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,13 +219,13 @@ def test_the_extenders_verbs_are_answered_while_reviews_fill_their_slots(monkeyp
 
 
 def test_the_apiservers_review_is_answered_while_one_address_floods(monkeypatch: pytest.MonkeyPatch) -> None:
-    slow = Blocking(hold=0.3)
+    slow = Blocking(hold=0.2)
     monkeypatch.setattr(admission, "validate", slow(admission.validate))
     flood: list[int] = []
     with serving(service(gate_settings=GateSettings(slots=4, max_wait_s=10))) as served:
         threads = post_reviews(served, ["127.0.0.1"] * 30, flood)
         time.sleep(0.2)
-        with served.client("127.0.0.2") as c:  # the apiserver: a slot of its own at once, not after 30 x 0.3 s / 2
+        with served.client("127.0.0.2") as c:  # the apiserver: a slot of its own at once, not after 30 x 0.2 s
             t0 = time.perf_counter()
             r = c.post(f"{served.url}/admission/validate", json=review(pod(mem=4)))
             took = time.perf_counter() - t0
@@ -237,10 +242,10 @@ def test_over_the_bound_a_review_gets_429_at_once(monkeypatch: pytest.MonkeyPatc
     results: list[int] = []
     svc = service(gate_settings=GateSettings(slots=1, max_wait_s=30))
     with serving(svc) as served:
-        threads = post_reviews(served, [f"127.0.0.{10 + i}" for i in range(17)], results)  # 1 judged, 16 waiting
+        threads = post_reviews(served, [f"127.0.0.{10 + i}" for i in range(65)], results)  # 1 judged, 64 waiting
         try:
-            deadline = time.monotonic() + 10
-            while (blocked.now < 1 or svc.gate.queued < 16) and time.monotonic() < deadline:
+            deadline = time.monotonic() + 20
+            while (blocked.now < 1 or svc.gate.queued < 64) and time.monotonic() < deadline:
                 time.sleep(0.02)
             with served.client("127.0.0.2", timeout=5) as c:
                 t0 = time.perf_counter()
@@ -248,12 +253,12 @@ def test_over_the_bound_a_review_gets_429_at_once(monkeypatch: pytest.MonkeyPatc
                 took = time.perf_counter() - t0
             assert r.status_code == 429 and took < 1.0, (r.status_code, took)
             assert r.headers["retry-after"] == "1"
-            assert r.json()["error"].startswith("too many admission reviews at once: 1 reviews running and 16 waiting")
+            assert r.json()["error"].startswith("too many admission reviews at once: 1 reviews running and 64 waiting")
         finally:
             blocked.go.set()
             for t in threads:
                 t.join(timeout=60)
-    assert results == [200] * 17
+    assert results == [200] * 65
 
 
 def test_a_body_that_trickles_in_frees_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """How many admission reviews run at once, and whose turn is next.
 
-At most `slots` reviews are read, parsed and judged at a time, and at most `per_client` of them for one client
-address while another client waits: a tenant posting from one address cannot take every slot from the apiserver.
+At most `slots` reviews are read, parsed and judged at a time, and at most `per_client` of them (a quarter) for one
+client address: a tenant posting from one address cannot take every slot from the apiserver.
 The rest wait, at most `max_waiting` of them and each at most `max_wait_s`; a slot that frees goes to the waiting
 client that has been served least recently (round robin over addresses), oldest request first. A request that
 cannot wait (the queue is full, or its wait ran out) gets `Busy` at once, which the service answers with 429: the
@@ -32,11 +32,16 @@ class GateSettings:
 
     @property
     def per_client(self) -> int:
-        return max(1, self.slots // 2)
+        """Slots one client address may hold at once: a quarter of them. The interpreter runs one review at a
+        time anyway; what a slot buys is reading one body while another is judged. A flood from one address thus
+        contends with the apiserver's review for the interpreter with one review, not with several."""
+        return max(1, self.slots // 4)
 
     @property
     def max_waiting(self) -> int:
-        return 16 * self.slots
+        """Reviews that may wait at once: enough for the apiserver's bursts (a controller creating hundreds of
+        pods); a waiting review holds a connection, not its body."""
+        return 64 * self.slots
 
 
 class ReviewGate:
@@ -70,7 +75,7 @@ class ReviewGate:
         s = self.settings
         if self._queued >= s.max_waiting:
             raise Busy(f"{self._total} reviews running and {self._queued} waiting (the most that may wait: "
-                       f"{s.max_waiting}, --max-concurrent-reviews {s.slots} x 16); retry")
+                       f"{s.max_waiting}, --max-concurrent-reviews {s.slots} x 64); retry")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(client, deque()).append(waiter)
         self._queued += 1

@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a pod with a container of more env and envFrom entries is denied before it is reviewed")
     p.add_argument("--max-concurrent-reviews", type=int,
                    default=int(_env("max-concurrent-reviews", str(DEFAULT_SLOTS))),
-                   help="admission reviews read and judged at once (half of them at most for one client address); "
+                   help="admission reviews read and judged at once (a quarter of them at most for one client address); "
                         "the others wait their turn, at most --max-review-wait seconds")
     p.add_argument("--max-review-wait", type=float,
                    default=float(_env("max-review-wait", str(DEFAULT_MAX_WAIT_S))),
