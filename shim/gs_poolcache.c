@@ -1,4 +1,9 @@
-/* What stream-ordered pools keep; see gs_poolcache.h. */
+/* What stream-ordered pools keep; see gs_poolcache.h. The common case, a pool that keeps nothing (release threshold
+ * 0, the default), costs a few loads and no lock or atomic write: its use is not counted then. A pool's use matters
+ * only to how much it may keep (threshold - use); counted from 0 when the threshold is raised, it can only make the
+ * pool keep, and be charged, more than the driver's. Whatever keeps or reuses memory takes the lock; a fast path
+ * racing with it can only charge more, never less (an allocation that misses memory kept a moment earlier reserves
+ * anew). */
 #include "gs_poolcache.h"
 
 #include <pthread.h>
@@ -29,7 +34,7 @@ static void child_after_fork(void)
 {
     pthread_mutex_init(&pc.lock, NULL);
     for (int i = 0; i < MAX_POOLS; i++)
-        pc.p[i].live = 0;
+        __atomic_store_n(&pc.p[i].live, 0, __ATOMIC_RELAXED);
     for (int d = 0; d < GS_MAX_DEVICES; d++)
         pc.dflt[d] = pc.current[d] = 0;
 }
@@ -37,24 +42,49 @@ GS_ON_FORK_CHILD(child_after_fork)
 
 static int id_of(int i)
 {
-    return (int)((pc.p[i].gen & 0x7fffff) << 8) | (i + 1);
+    return (int)((__atomic_load_n(&pc.p[i].gen, __ATOMIC_ACQUIRE) & 0x7fffff) << 8) | (i + 1);
 }
 
-/* The pool of an id; with pc.lock held. NULL when it is gone. */
+/* The pool of an id, NULL when it is gone. */
 static struct pool *at(int id)
 {
     int i = (id & 0xff) - 1;
-    if (id <= 0 || i >= MAX_POOLS || !pc.p[i].live || id_of(i) != id)
+    if (id <= 0 || i >= MAX_POOLS || !__atomic_load_n(&pc.p[i].live, __ATOMIC_ACQUIRE) || id_of(i) != id)
         return NULL;
     return &pc.p[i];
+}
+
+/* Whether p keeps (or may keep) memory: then its figures change under the lock. */
+static int keeping(struct pool *p)
+{
+    return __atomic_load_n(&p->threshold, __ATOMIC_ACQUIRE) || __atomic_load_n(&p->kept, __ATOMIC_ACQUIRE);
+}
+
+static void add_used(struct pool *p, uint64_t bytes)
+{
+    __atomic_add_fetch(&p->used, bytes, __ATOMIC_RELAXED);
+}
+
+static void sub_used(struct pool *p, uint64_t bytes)
+{
+    uint64_t cur = __atomic_load_n(&p->used, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&p->used, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
+static void set_kept(struct pool *p, uint64_t kept)
+{
+    __atomic_store_n(&p->kept, kept, __ATOMIC_RELEASE);
 }
 
 /* Keep at most what `reserved` (in use + kept) allows; with pc.lock held. Returns what is no longer kept. */
 static uint64_t keep_within(struct pool *p, uint64_t reserved)
 {
-    uint64_t room = reserved > p->used ? reserved - p->used : 0;
+    uint64_t used = __atomic_load_n(&p->used, __ATOMIC_RELAXED);
+    uint64_t room = reserved > used ? reserved - used : 0;
     uint64_t excess = p->kept > room ? p->kept - room : 0;
-    p->kept -= excess;
+    set_kept(p, p->kept - excess);
     return excess;
 }
 
@@ -72,7 +102,13 @@ int gs_poolcache_add(CUmemoryPool handle, int dev)
     }
     if (!id && free_slot >= 0) {
         struct pool *p = &pc.p[free_slot];
-        *p = (struct pool){handle, dev, 1, p->gen + 1, 0, 0, 0};
+        p->handle = handle;
+        p->dev = dev;
+        __atomic_store_n(&p->threshold, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->used, 0, __ATOMIC_RELAXED);
+        set_kept(p, 0);
+        __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&p->live, 1, __ATOMIC_RELEASE);
         id = id_of(free_slot);
     }
     pthread_mutex_unlock(&pc.lock);
@@ -117,39 +153,41 @@ int gs_poolcache_current(int dev)
 
 uint64_t gs_poolcache_take(int id, uint64_t bytes)
 {
-    uint64_t reused = 0;
-    pthread_mutex_lock(&pc.lock);
     struct pool *p = at(id);
-    if (p) {
-        reused = p->kept < bytes ? p->kept : bytes;
-        p->kept -= reused;
-        p->used += bytes;
-    }
+    if (!p || !keeping(p))
+        return 0;
+    add_used(p, bytes);
+    if (!__atomic_load_n(&p->kept, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&pc.lock);
+    uint64_t reused = p->kept < bytes ? p->kept : bytes;
+    set_kept(p, p->kept - reused);
     pthread_mutex_unlock(&pc.lock);
     return reused;
 }
 
 void gs_poolcache_untake(int id, uint64_t bytes, uint64_t reused)
 {
-    pthread_mutex_lock(&pc.lock);
     struct pool *p = at(id);
-    if (p) {
-        p->used -= bytes <= p->used ? bytes : p->used;
-        p->kept += reused;
+    if (!p)
+        return;
+    sub_used(p, bytes);
+    if (reused) {
+        pthread_mutex_lock(&pc.lock);
+        set_kept(p, p->kept + reused);
+        pthread_mutex_unlock(&pc.lock);
     }
-    pthread_mutex_unlock(&pc.lock);
 }
 
 uint64_t gs_poolcache_freed(int id, uint64_t bytes)
 {
-    uint64_t back = bytes;
-    pthread_mutex_lock(&pc.lock);
     struct pool *p = at(id);
-    if (p) {
-        p->used -= bytes <= p->used ? bytes : p->used;
-        p->kept += bytes;
-        back = keep_within(p, p->threshold);
-    }
+    if (!p || !keeping(p))
+        return bytes; /* a pool that keeps nothing */
+    sub_used(p, bytes);
+    pthread_mutex_lock(&pc.lock);
+    set_kept(p, p->kept + bytes);
+    uint64_t back = keep_within(p, p->threshold);
     pthread_mutex_unlock(&pc.lock);
     return back;
 }
@@ -160,7 +198,7 @@ uint64_t gs_poolcache_set_threshold(int id, uint64_t threshold)
     pthread_mutex_lock(&pc.lock);
     struct pool *p = at(id);
     if (p) {
-        p->threshold = threshold;
+        __atomic_store_n(&p->threshold, threshold, __ATOMIC_RELEASE);
         back = keep_within(p, threshold);
     }
     pthread_mutex_unlock(&pc.lock);
@@ -185,7 +223,7 @@ uint64_t gs_poolcache_remove(int id)
     struct pool *p = at(id);
     if (p) {
         back = p->kept;
-        p->live = 0;
+        __atomic_store_n(&p->live, 0, __ATOMIC_RELEASE);
         for (int d = 0; d < GS_MAX_DEVICES; d++)
             if (pc.current[d] == id)
                 pc.current[d] = 0;
