@@ -11,6 +11,8 @@
 #   client.crt, client.key  kube-scheduler's client certificate (CN kube-scheduler): the extender's verbs answer
 #                         only it; copy it to the control-plane hosts (scheduler/kube-scheduler-config.yaml)
 #   client-secret.yaml    the same pair as the Secret devplugin-scheduler-client (for the second scheduler)
+#   apiserver.crt, apiserver.key  the apiserver's client certificate for the webhooks (CN kube-apiserver): copy it
+#                         to the control-plane hosts once you turn on --webhook-client-names (docs/install.md)
 #   secret.yaml           the Secret the service mounts (tls.crt, tls.key, ca.crt), as cert-manager would write it
 #   ca-bundle.b64         the CA, base64: the webhooks' caBundle
 #   kustomization.yaml    OVERLAY without the cert-manager objects, with secret.yaml and the caBundle
@@ -59,11 +61,15 @@ basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth
 EOF
-openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=kube-scheduler" -keyout "$out/client.key" \
-    -out "$out/client.csr" 2>/dev/null
-openssl x509 -req -sha256 -days "$days" -in "$out/client.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
-    -set_serial "0x$(openssl rand -hex 16)" -extfile "$out/client.cnf" -out "$out/client.crt" 2>/dev/null
-rm -f "$out/client.csr" "$out/client.cnf"
+client_pair() {  # client_pair NAME CN: NAME.crt and NAME.key, a client certificate for CN signed by the CA
+    openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=$2" -keyout "$out/$1.key" -out "$out/$1.csr" 2>/dev/null
+    openssl x509 -req -sha256 -days "$days" -in "$out/$1.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
+        -set_serial "0x$(openssl rand -hex 16)" -extfile "$out/client.cnf" -out "$out/$1.crt" 2>/dev/null
+    rm -f "$out/$1.csr"
+}
+client_pair client kube-scheduler
+client_pair apiserver kube-apiserver
+rm -f "$out/client.cnf"
 
 b64() { openssl base64 -A < "$1"; }
 b64 "$out/ca.crt" > "$out/ca-bundle.b64"

@@ -5,8 +5,10 @@ pair the webhooks and kube-scheduler accept, with an overlay that uses it instea
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,57 @@ def test_the_second_scheduler_can_take_its_leader_lease_and_reads_the_ca(objects
     assert {"key": "ca.crt", "path": ca_file.name} in volume["secret"]["items"]
 
 
+def test_the_apiserver_has_a_client_certificate_for_the_webhooks(objects: list[dict]) -> None:
+    # Issued whether or not the cluster uses it: --webhook-client-names=kube-apiserver turns it on, once every
+    # apiserver's AdmissionConfiguration presents it (docs/install.md).
+    _, _, container = scheduler_parts(objects)
+    assert not [a for a in container["args"] if a.startswith("--webhook-client-names")]  # anyone, by default
+    apiserver = find(objects, "Certificate", "devplugin-scheduler-apiserver")
+    assert apiserver["spec"]["commonName"] == "kube-apiserver" and "client auth" in apiserver["spec"]["usages"]
+    assert apiserver["spec"]["issuerRef"] == find(objects, "Certificate", "devplugin-scheduler")["spec"]["issuerRef"]
+
+
+def network_policy_overlay(directory: Path, cidr: str) -> list[dict]:
+    """overlays/second-scheduler with the component deploy/scheduler/network-policy and the control-plane hosts'
+    `cidr` added as the component's comment shows."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(DEPLOY, directory)
+    (directory / "kustomization.yaml").write_text(textwrap.dedent(f"""\
+        apiVersion: kustomize.config.k8s.io/v1beta1
+        kind: Kustomization
+        resources: [{rel}/overlays/second-scheduler]
+        components: [{rel}/scheduler/network-policy]
+        patches:
+          - target: {{kind: NetworkPolicy, name: devplugin-scheduler}}
+            patch: |-
+              - {{op: add, path: /spec/ingress/0/from/-, value: {{ipBlock: {{cidr: {cidr}}}}}}}
+    """))
+    return [d for d in yaml.safe_load_all(render_text(directory)) if d]
+
+
+def test_the_network_policy_lets_only_kube_system_pods_and_the_control_plane_hosts_reach_the_service(
+        tmp_path: Path, objects: list[dict]) -> None:
+    assert not [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "devplugin-scheduler"]
+    rendered = network_policy_overlay(tmp_path / "mine", "10.0.0.0/24")
+    policy = find(rendered, "NetworkPolicy", "devplugin-scheduler")
+    validate(policy)
+    deployment, service, container = scheduler_parts(rendered)
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]  # one rule: no other port, no other peer
+    assert rule["ports"] == [{"port": p["targetPort"], "protocol": "TCP"} for p in service["spec"]["ports"]]
+    assert {p["name"] for p in container["ports"]} == {p["port"] for p in rule["ports"]}
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}, "podSelector": {}},
+        {"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    # the second scheduler, a pod, is among those let in
+    second = find(rendered, "Deployment", "gpushare-scheduler")
+    assert second["metadata"]["namespace"] == "kube-system" and not second["spec"]["template"]["spec"].get(
+        "hostNetwork")
+
+
 # --- deploy/gen-certs.sh --------------------------------------------------------------------------------------------
 
 def openssl(*args: str, stdin: bytes | None = None) -> str:
@@ -175,6 +228,13 @@ def test_gen_certs_makes_a_serving_pair_for_the_service_signed_by_its_ca(generat
     cert_pub = openssl("x509", "-in", str(generated / "tls.crt"), "-noout", "-pubkey")
     assert key_pub == cert_pub
     assert (generated / "ca.key").stat().st_mode & 0o077 == 0  # the CA key is the owner's alone
+    # the apiserver's client certificate for the webhooks, signed by the same CA
+    subject = openssl("x509", "-in", str(generated / "apiserver.crt"), "-noout", "-subject").strip()
+    assert subject == "subject=CN = kube-apiserver"
+    assert "TLS Web Client Authentication" in openssl("x509", "-in", str(generated / "apiserver.crt"), "-noout",
+                                                      "-ext", "extendedKeyUsage")
+    assert openssl("verify", "-CAfile", str(generated / "ca.crt"), str(generated / "apiserver.crt")).strip().endswith(
+        "OK")
 
 
 def test_gen_certs_overlay_replaces_cert_manager_with_the_secret_and_the_ca_bundle(
