@@ -374,7 +374,7 @@ class Cluster:
                  if k not in ("FAKE_NVML_CONFIG", "LD_LIBRARY_PATH")]
         args = ["--runtime", "runc", "--images", str(self.image_table), *self.network.agent_args(i),
                 "--netns-prefix", self.netns_prefix(i), "--nvidia-config", str(driver.config_path),
-                "--nvidia-libs", str(FAKES), "--crash-backoff", self.spec.crash_backoff,
+                "--nvidia-libs", str(FAKES), "--crash-backoff", self.spec.crash_backoff, "--v=2",
                 f"--toolkit-accept-volume-mounts={str(self.spec.toolkit_volume_mounts).lower()}",
                 f"--toolkit-accept-envvar-when-unprivileged={str(not self.spec.toolkit_volume_mounts).lower()}"]
         for k in knobs:

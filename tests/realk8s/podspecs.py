@@ -11,8 +11,10 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from tests.realk8s.images import WORKLOAD_IMAGE
+
 MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
-IMAGE = "registry.invalid/gpushare/workload:1"  # never pulled: the node agents run no containers
+IMAGE = WORKLOAD_IMAGE  # the workload probe: prints what the container sees of its GPUs, then waits
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,11 @@ def container(ask: Ask, name: str) -> dict[str, Any]:
     limits = ask.limits()
     if limits:
         c["resources"] = {"limits": limits}
-    if ask.env:
-        c["env"] = [{"name": k, "value": v} for k, v in ask.env]
+    env = list(ask.env)
+    if ask.init and not ask.sidecar:  # an init container runs to completion: the probe prints its view and exits
+        env.append(("PROBE_EXIT", "0"))
+    if env:
+        c["env"] = [{"name": k, "value": v} for k, v in env]
     if ask.sidecar:
         c["restartPolicy"] = "Always"
     return c

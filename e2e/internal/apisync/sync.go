@@ -131,9 +131,12 @@ func (s *Sync) handle(ctx context.Context, ev event) {
 			return
 		}
 		// force-deleted: the kubelet still stops the containers, with a short grace period
+		klog.V(2).InfoS("pod deleted: stopping its containers", "pod", klog.KObj(pod), "podUID", pod.UID)
 		s.Runtime.Terminate(pod, 2*time.Second, func() {
 			s.end(pod)
 			s.Table.Remove(pod.UID)
+			s.Status.Forget(pod.UID)
+			klog.V(2).InfoS("pod deleted: its containers are gone", "pod", klog.KObj(pod), "podUID", pod.UID)
 		})
 	case pod.DeletionTimestamp != nil:
 		if !known || s.Runtime == nil {
@@ -149,9 +152,11 @@ func (s *Sync) handle(ctx context.Context, ev event) {
 			grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
 		}
 		s.Runtime.Update(pod)
+		klog.V(2).InfoS("pod deleting: stopping its containers", "pod", klog.KObj(pod), "podUID", pod.UID, "grace", grace)
 		s.Runtime.Terminate(pod, grace, func() {
 			s.end(pod)
 			s.finishDeletion(ctx, pod)
+			klog.V(2).InfoS("pod deleting: its containers are gone", "pod", klog.KObj(pod), "podUID", pod.UID)
 		})
 	case !known:
 		if pod.Status.Phase == v1.PodFailed || pod.Status.Phase == v1.PodSucceeded {

@@ -24,10 +24,8 @@ import (
 // syncPeriod is how often a worker looks at its containers (their shims record their ends in files).
 const syncPeriod = 100 * time.Millisecond
 
-type termination struct {
-	grace time.Duration
-	done  func()
-}
+// minGrace is the kubelet's minimumGracePeriodInSeconds: a container gets at least this long after SIGTERM.
+const minGrace = 2 * time.Second
 
 // worker is one pod's pod worker.
 type worker struct {
@@ -37,8 +35,12 @@ type worker struct {
 	mu      sync.Mutex
 	pod     *v1.Pod
 	ctrs    []*ctr // init containers, then app containers, in spec order
-	term    chan termination
 	updates chan *v1.Pod
+	// Termination: requested once (the first grace holds), every requester's done called when it is over.
+	term     chan struct{}
+	grace    time.Duration
+	dones    []func()
+	finished bool
 
 	sandbox      podnet.Sandbox
 	sandboxReady bool
@@ -55,7 +57,7 @@ type worker struct {
 }
 
 func newWorker(r *Runtime, pod *v1.Pod) *worker {
-	w := &worker{rt: r, pod: pod, dir: r.podDir(string(pod.UID)), term: make(chan termination, 1),
+	w := &worker{rt: r, pod: pod, dir: r.podDir(string(pod.UID)), term: make(chan struct{}, 1),
 		updates: make(chan *v1.Pod, 16), startTime: time.Now()}
 	if pod.Status.StartTime != nil {
 		w.startTime = pod.Status.StartTime.Time
@@ -106,16 +108,23 @@ func (w *worker) update(pod *v1.Pod) {
 	}
 }
 
+// terminate asks the worker to stop the pod; done is called once its containers and sandbox are gone (at once
+// when that is already so).
 func (w *worker) terminate(grace time.Duration, done func()) {
-	select {
-	case w.term <- termination{grace: grace, done: done}:
-	default: // already terminating: the first request's grace holds
-		go func() {
-			for w.rt.Has(w.pod.UID) {
-				time.Sleep(50 * time.Millisecond)
-			}
-			done()
-		}()
+	w.mu.Lock()
+	if w.finished {
+		w.mu.Unlock()
+		go done()
+		return
+	}
+	first := w.dones == nil
+	w.dones = append(w.dones, done)
+	if first {
+		w.grace = max(grace, minGrace)
+	}
+	w.mu.Unlock()
+	if first {
+		w.term <- struct{}{}
 	}
 }
 
@@ -129,10 +138,19 @@ func (w *worker) loop() {
 			w.mu.Lock()
 			w.pod = p
 			w.mu.Unlock()
-		case t := <-w.term:
-			w.stop(ctx, t.grace, true)
+		case <-w.term:
+			w.mu.Lock()
+			grace := w.grace
+			w.mu.Unlock()
+			w.stop(ctx, grace, true)
 			w.rt.forget(w.pod.UID)
-			t.done()
+			w.mu.Lock()
+			w.finished = true
+			dones := w.dones
+			w.mu.Unlock()
+			for _, d := range dones {
+				d()
+			}
 			return
 		case <-tick.C:
 		}
@@ -316,12 +334,12 @@ func (w *worker) ensure(ctx context.Context, c *ctr, restart bool) {
 // torn down, and the pod reported terminal, so that its devices are freed.
 func (w *worker) finish(ctx context.Context, phase v1.PodPhase) {
 	w.terminal = phase
-	w.stop(ctx, w.grace(), false)
+	w.stop(ctx, w.specGrace(), false)
 	w.report()
 	klog.InfoS("pod finished", "pod", klog.KObj(w.pod), "podUID", w.pod.UID, "phase", phase)
 }
 
-func (w *worker) grace() time.Duration {
+func (w *worker) specGrace() time.Duration {
 	if g := w.pod.Spec.TerminationGracePeriodSeconds; g != nil {
 		return time.Duration(*g) * time.Second
 	}

@@ -57,6 +57,13 @@ func (m *Manager) Set(pod *v1.Pod, st v1.PodStatus) {
 	}
 }
 
+// Forget drops the pod's unwritten status (the pod is gone from the apiserver).
+func (m *Manager) Forget(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pending, uid)
+}
+
 // Pending is how many statuses wait to be written.
 func (m *Manager) Pending() int {
 	m.mu.Lock()
@@ -109,7 +116,7 @@ func (m *Manager) writer(ctx context.Context) {
 		delete(m.busy, uid)
 		cur := m.pending[uid]
 		switch {
-		case cur != e: // a newer status came meanwhile: write that one
+		case cur != e: // a newer status came meanwhile (or the pod was forgotten): write that one
 		case err == nil || apierrors.IsNotFound(err) || errGone(err):
 			delete(m.pending, uid)
 		default:
