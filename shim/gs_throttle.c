@@ -134,7 +134,7 @@ static int target_unreserved(struct gs_region_compute *c, int cap, int cu, int o
         __atomic_store_n(&c->hold_until, now + GS_HOLD_MS * 1000000ULL, __ATOMIC_RELAXED);
         a = cu / GS_UNRESERVED_CUT;
     } else {
-        int room = (100 - GS_HEADROOM - u) / 2;
+        int room = (GS_UNRESERVED_FILL - u) / 2;
         if (room > 0 && now < __atomic_load_n(&c->hold_until, __ATOMIC_RELAXED))
             room = 0;
         a = cu + (room > GS_UNRESERVED_STEP ? GS_UNRESERVED_STEP : room);
@@ -214,7 +214,8 @@ static void control(int d)
     } else {
         double target = (double)used / dt * a / cu;
         double r = target;
-        if (rate && !outright) {
+        /* smoothed, but not the growth of a container that reserved no compute: its aim grows a few points a step */
+        if (rate && !outright && !(gs_gates[d].unreserved && a > cu)) {
             r = sqrt((double)rate * target);
             r = r > 4.0 * rate ? 4.0 * rate : r < rate / 4.0 ? rate / 4.0 : r;
         }

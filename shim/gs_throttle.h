@@ -19,11 +19,13 @@
  *   disable  no gate.
  * A container that reserved no compute on the GPU (the limits file's sm_unreserved: gpu-mem without
  * gpu-core.percentage on a core_mem node) takes only what its neighbours leave, whatever the policy but disable:
- * its share s is a cap (what nobody had reserved when it was placed), not a floor. While the GPU has room its aim
- * grows by half the room, at most GS_UNRESERVED_STEP a step, up to s; when the GPU is saturated while another
- * container uses at least GS_NEIGHBOUR_MIN, its aim is divided by GS_UNRESERVED_CUT at once (down to 1 %), and it
- * does not grow again for GS_HOLD_MS. So any number of such containers leave a paid share its compute. It
- * starts from a trickle (a few thousand blocks a second), not free.
+ * its share s is a cap (what nobody had reserved when it was placed), not a floor. While the GPU is below
+ * GS_UNRESERVED_FILL its aim grows by half the room, at most GS_UNRESERVED_STEP a step, up to s (a paid neighbour
+ * bursting under default aims lower, so its burst recedes and the compute nobody reserved goes to those that
+ * reserved none); when the GPU is saturated while another container uses at least GS_NEIGHBOUR_MIN, its aim is
+ * divided by GS_UNRESERVED_CUT at once (down to 1 %), without smoothing, and it does not grow again for
+ * GS_HOLD_MS. So any number of such containers leave a paid share its compute. It starts from a trickle
+ * (GS_UNRESERVED_START blocks a second), not free, and its growth is not smoothed (it is a few points a step).
  * Otherwise, until the first measurement launches run free. */
 #ifndef GS_THROTTLE_H
 #define GS_THROTTLE_H
@@ -42,6 +44,8 @@
 #define GS_NEIGHBOUR_MIN 5   /* default: another container counts as wanting compute from this use */
 #define GS_HOLD_MS 1000      /* default: after giving compute back, no bursting for this long */
 #define GS_UNRESERVED_STEP 5 /* no compute reserved: the most its aim grows in one step (percent of the GPU) */
+#define GS_UNRESERVED_FILL 94 /* no compute reserved: fills the GPU up to this, above default's 100 - GS_HEADROOM,
+                               * so that a paid neighbour's burst above its share recedes to make room for it */
 #define GS_UNRESERVED_CUT 4  /* no compute reserved: a saturated GPU divides its aim by this, each step */
 
 /* What the throttle is told about each CUDA device of the process (it reads no device table). */
