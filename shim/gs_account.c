@@ -116,17 +116,17 @@ int gs_free_begin(struct gs_ptrmap *map, uint64_t key, struct gs_ptr_entry *e)
 void gs_free_entry(const struct gs_ptr_entry *e)
 {
     /* Freed into a stream-ordered pool: it stays charged for as long as the pool keeps it. */
-    uint64_t back = e->pool ? gs_poolcache_freed(e->pool, e->bytes) : e->bytes;
+    uint64_t back = e->pool && gs_poolcache_any_keeps() ? gs_poolcache_freed(e->pool, e->bytes) : e->bytes;
     if (back)
         gs_region_release(gs_devs[e->dev].rd, back);
 }
 
 CUresult gs_pool_alloc_begin(int d, int pool, uint64_t bytes, uint64_t *reused, int *tracked)
 {
-    *reused = pool ? gs_poolcache_take(pool, bytes) : 0;
+    *reused = pool && gs_poolcache_any_keeps() ? gs_poolcache_take(pool, bytes) : 0;
     CUresult rc = gs_alloc_begin(d, bytes - *reused, tracked);
     if (rc || !*tracked) { /* nothing accounted: the pool's figures stay as they were */
-        if (pool)
+        if (pool && (*reused || gs_poolcache_any_keeps()))
             gs_poolcache_untake(pool, bytes, *reused);
         *reused = 0;
     }
@@ -139,7 +139,7 @@ CUresult gs_pool_alloc_end(CUresult rc, int tracked, int d, int pool, uint64_t b
     if (!tracked)
         return CUDA_SUCCESS;
     if (rc != CUDA_SUCCESS) {
-        if (pool)
+        if (pool && (reused || gs_poolcache_any_keeps()))
             gs_poolcache_untake(pool, bytes, reused);
         if (bytes > reused)
             gs_region_release(gs_devs[d].rd, bytes - reused);

@@ -13,9 +13,10 @@
  * pool does not keep. */
 #define GS_POOL_TRACKED(d, pool, charge, call, key, undo)                                                  \
     do {                                                                                                  \
-        uint64_t reused_;                                                                                 \
+        uint64_t reused_ = 0;                                                                             \
         int tracked_;                                                                                     \
-        CUresult rc_ = gs_pool_alloc_begin((d), (pool), (charge), &reused_, &tracked_);                   \
+        CUresult rc_ = gs_poolcache_any_keeps() ? gs_pool_alloc_begin((d), (pool), (charge), &reused_, &tracked_) \
+                                                : gs_alloc_begin((d), (charge), &tracked_);               \
         if (rc_)                                                                                          \
             return rc_;                                                                                   \
         rc_ = (call);                                                                                     \

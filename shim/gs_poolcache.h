@@ -16,11 +16,24 @@
 int gs_poolcache_add(CUmemoryPool pool, int dev);
 /* The id of a registered pool, or 0; *dev its CUDA ordinal. */
 int gs_poolcache_find(CUmemoryPool pool, int *dev);
-/* Each device's default pool and its current one (cuDeviceSetMemPool); 0 = not known / the default. */
+/* Each device's default pool, and its current one: the pool cuDeviceSetMemPool chose, else the default pool once
+ * known (set_default makes it current where none is); 0 = not known. */
 void gs_poolcache_set_default(int dev, int id);
 int gs_poolcache_default(int dev);
 void gs_poolcache_set_current(int dev, int id);
-int gs_poolcache_current(int dev);
+extern int gs_poolcache_current_ids[]; /* by CUDA ordinal (GS_MAX_DEVICES of them) */
+static inline int gs_poolcache_current(int dev)
+{
+    return __atomic_load_n(&gs_poolcache_current_ids[dev], __ATOMIC_ACQUIRE); /* dev: a valid CUDA ordinal */
+}
+
+/* Pools whose release threshold is not 0: while there are none, no pool keeps anything and an allocation or a free
+ * needs none of the figures below (the common case costs one load). */
+extern int gs_poolcache_keepers;
+static inline int gs_poolcache_any_keeps(void)
+{
+    return __atomic_load_n(&gs_poolcache_keepers, __ATOMIC_ACQUIRE) != 0;
+}
 
 /* An allocation of `bytes` from pool id: the kept bytes it reuses (no new charge for them). */
 uint64_t gs_poolcache_take(int id, uint64_t bytes);
@@ -34,7 +47,5 @@ uint64_t gs_poolcache_set_threshold(int id, uint64_t threshold);
 uint64_t gs_poolcache_trim(int id, uint64_t keep);
 /* The pool is destroyed: returns what it kept. */
 uint64_t gs_poolcache_remove(int id);
-/* The CUDA ordinal of pool id, -1 when not device memory or not known. */
-int gs_poolcache_dev(int id);
 
 #endif /* GS_POOLCACHE_H */

@@ -4,13 +4,11 @@
  * driver trims a pool to its threshold at the next synchronisation; the shim at the free, in stream order. */
 #include "gs_alloc.h"
 #include "gs_log.h"
-#include "gs_poolcache.h"
 #include "gs_pools.h"
 
 #define ATTR_RELEASE_THRESHOLD 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (cuuint64_t) */
 
-/* The id of CUDA ordinal d's default pool, asked from the driver once. 0 when it cannot say. */
-static int default_pool(int d)
+int gs_pool_default_of(int d)
 {
     int id = gs_poolcache_default(d);
     if (id || !gs_cu.cuDeviceGetDefaultMemPool)
@@ -30,14 +28,8 @@ int gs_pool_lookup(CUmemoryPool pool, int *dev)
     if (id || !pool)
         return id;
     for (int d = 0; d < gs_ndevs; d++) /* a default pool not met yet */
-        default_pool(d);
+        gs_pool_default_of(d);
     return gs_poolcache_find(pool, dev);
-}
-
-int gs_pool_current_of(int d)
-{
-    int id = gs_poolcache_current(d);
-    return id ? id : default_pool(d);
 }
 
 /* Give back what pool id on CUDA ordinal d no longer keeps. */
