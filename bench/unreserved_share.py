@@ -7,7 +7,8 @@ gpu-core.percentage on the one GPU of a core_mem node, and writes each one's lim
 `build/shim/tests/gs_probe` process launching kernels of GRID blocks x 1 us back to back under `libgpushare.so`
 with that limits file (the daemon's policy: `default`). The fake driver runs every process's kernels on one shared
 timeline, time-sliced between busy processes about evenly as a GPU is; what each container got is read from the
-timeline after --settle seconds, over --window seconds. Two orders: the paid container placed first (its
+timeline after --settle seconds, over --window seconds, with the GPU's busy share (all containers together: well
+below 100 % means the processes were short of CPU, not of GPU time). Two orders: the paid container placed first (its
 neighbours' limits cap them at the 30 % nobody reserved) and last (they were placed on a GPU nobody had reserved
 any of: cap 100).
 
@@ -37,9 +38,9 @@ KEEPS = 65
 
 
 def neighbours_start(work: Path, n: int, workload: Workload, alone: float, together: float
-                     ) -> tuple[float | None, float]:
-    """(seconds until the paid container is back at >= KEEPS in two consecutive ticks or None, its lowest tick)
-    after `n` memory-only neighbours start beside it."""
+                     ) -> tuple[float | None, tuple[float, float]]:
+    """(seconds until the paid container has >= KEEPS in two consecutive ticks or None, (its lowest tick, the GPU's
+    busy share in that tick)) after `n` memory-only neighbours start beside it."""
     driver = make_gpu(work / "node")
     try:
         paid, *others = paid_beside_memory_only(work / "state", driver.gpus[0].uuid, PAID, n)
@@ -55,7 +56,8 @@ def neighbours_start(work: Path, n: int, workload: Workload, alone: float, toget
             while time.monotonic() - start < together - 0.1:
                 time.sleep(0.1)
                 now_t, now = time.monotonic(), run.busy()
-                trace.append((now_t - start, shares(prev, now, now_t - prev_t)["paid"]))
+                got = shares(prev, now, now_t - prev_t)
+                trace.append((now_t - start, got["paid"], sum(got.values())))
                 prev_t, prev = now_t, now
             run.finish()
         finally:
@@ -64,7 +66,8 @@ def neighbours_start(work: Path, n: int, workload: Workload, alone: float, toget
         driver.close()
     back = next((trace[i - 1][0] for i in range(1, len(trace))
                  if trace[i - 1][1] >= KEEPS and trace[i][1] >= KEEPS), None)
-    return back, min(s for _, s in trace)
+    low = min(trace, key=lambda t: t[1])
+    return back, (low[1], low[2])
 
 
 def main() -> int:
@@ -81,7 +84,7 @@ def main() -> int:
     results: dict[str, object] = {"grid": args.grid, "window_s": args.window, "steady": {}, "start": {}}
     print(f"a {PAID} % container beside N containers that reserved no compute, one simulated GPU, kernels of "
           f"{args.grid} blocks x 1 us, measured over {args.window:g} s after {args.settle:g} s")
-    print(f"{'N':>3}  {'placed':<12}{'paid got':>9}{'each memory-only got':>34}")
+    print(f"{'N':>3}  {'placed':<12}{'paid got':>9}{'GPU busy':>9}   each memory-only got")
     worst = 100.0
     try:
         for n in counts:
@@ -97,17 +100,22 @@ def main() -> int:
                     driver.close()
                 rest = [round(v, 1) for k, v in got.items() if k != "paid"]
                 worst = min(worst, got["paid"])
-                results["steady"][tag] = {"paid": round(got["paid"], 1), "memory_only": rest}  # type: ignore[index]
-                print(f"{n:>3}  {'paid first' if paid_first else 'paid last':<12}{got['paid']:>8.1f}%"
-                      f"{' + '.join(f'{v:.1f}' for v in rest):>33}%")
+                busy = sum(got.values())  # well below 100: the processes lacked CPU, not GPU time
+                results["steady"][tag] = {"paid": round(got["paid"], 1), "memory_only": rest,  # type: ignore[index]
+                                          "gpu_busy": round(busy, 1)}
+                print(f"{n:>3}  {'paid first' if paid_first else 'paid last':<12}{got['paid']:>8.1f}%{busy:>8.1f}%   "
+                      + " + ".join(f"{v:.1f}" for v in rest) + " %")
         for n in counts:
             runs = [neighbours_start(work / f"start-{n}-{r}", n, workload, alone=1.5, together=3.0)
                     for r in range(args.repeat)]
             back = [b for b, _ in runs if b is not None]
-            lowest = [low for _, low in runs]
-            results["start"][f"n{n}"] = {"back_s": [b for b, _ in runs], "lowest": lowest}  # type: ignore[index]
+            lowest = [low for _, (low, _) in runs]
+            worst_tick = min((tick for _, tick in runs), key=lambda t: t[0])
+            results["start"][f"n{n}"] = {"back_s": [b for b, _ in runs],  # type: ignore[index]
+                                         "lowest": [list(t) for _, t in runs]}
             print(f"{n} memory-only container(s) start beside the busy {PAID} % one: its lowest 100 ms tick "
-                  f"{min(lowest):.1f} % (median of {len(runs)} runs {statistics.median(lowest):.1f} %); at >= "
+                  f"{worst_tick[0]:.1f} % (GPU busy {worst_tick[1]:.1f} % then; median of {len(runs)} runs "
+                  f"{statistics.median(lowest):.1f} %); at >= "
                   f"{KEEPS} % in two consecutive ticks from "
                   + (f"{statistics.median(back) * 1000:.0f} ms on (median, worst {max(back) * 1000:.0f} ms)"
                      if back else "never"))

@@ -16,19 +16,24 @@ from devplugin_sim.placed_share import paid_beside_memory_only
 
 PAID = 70
 KEEPS = 65  # what the paid container must keep, in percent of the GPU
+IDLE_BELOW = 90  # the GPU busy less than this over the window: its processes were short of CPU, not of GPU time
 
 
 @pytest.mark.parametrize("paid_first", [True, False], ids=["paid-placed-first", "paid-placed-last"])
 @pytest.mark.parametrize("memory_only", [1, 2, 4])
 def test_a_paid_share_keeps_its_compute_beside_containers_that_reserved_none(tmp_path, memory_only, paid_first):
     require_built()
-    driver = make_gpu(tmp_path / "node")
-    try:
-        containers = paid_beside_memory_only(tmp_path / "state", driver.gpus[0].uuid, PAID, memory_only,
-                                             paid_first)
-        got = measure_steady(driver, tmp_path / "run", containers, settle=2.0, window=2.0)
-    finally:
-        driver.close()
+    for attempt in range(2):
+        driver = make_gpu(tmp_path / f"node{attempt}")
+        try:
+            containers = paid_beside_memory_only(tmp_path / f"state{attempt}", driver.gpus[0].uuid, PAID,
+                                                 memory_only, paid_first)
+            got = measure_steady(driver, tmp_path / f"run{attempt}", containers, settle=2.0, window=2.0)
+        finally:
+            driver.close()
+        if got["paid"] >= KEEPS or sum(got.values()) >= IDLE_BELOW:
+            break  # measured, or the GPU was busy: what the paid container lacked, a neighbour took
+        # the GPU stood idle: the processes were short of CPU on a loaded machine, not of GPU time; once more
     assert got["paid"] >= KEEPS, got
     assert all(v > 0.5 for v in got.values()), got  # the others still run, on what the paid one leaves
 
