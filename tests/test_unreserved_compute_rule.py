@@ -5,6 +5,7 @@ tests/test_shim_share_unreserved.py."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,17 @@ from devplugin.isolation.shim_delivery import shim_provider
 from devplugin.isolation.shim_files import ShimPaths, merge_limits
 from devplugin.scheduler.admission import validate
 from devplugin.scheduler.fit import NodeView, ask_of, fit
+from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.room import GpuRoom
+from devplugin.scheduler.state import ClusterState
 from tests.nodes import MiniKubelet, make_node
-from tests.scheduler_objects import pod
+from tests.scheduler_objects import node, pod
+from tests.test_scheduler_extender import FakeCluster
+from tests.test_scheduler_http import review
+
+with warnings.catch_warnings():  # Starlette's note about the HTTP library under its test client
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
 
 NAMES = {Kind.MEM: "aliyun.com/gpu-mem", Kind.CORE: "aliyun.com/gpu-core.percentage"}
 CORE_NAME = NAMES[Kind.CORE]
@@ -184,3 +193,13 @@ def test_the_webhook_tells_what_such_a_container_gets_on_a_core_mem_node() -> No
     assert "compute nobody reserved" in warning and f"add {CORE_NAME}" in warning and "'main'" in warning
     assert validate(pod(mem=2, core=30), largest_gpu_units=15, compute_shares=True).warnings == ()
     assert validate(pod(mem=2), largest_gpu_units=15, compute_shares=False).warnings == ()
+
+
+@pytest.mark.parametrize("modes, warned", [(("core_mem", "cgpu"), True), (("cgpu", "share"), False)])
+def test_the_webhook_warns_only_where_the_cluster_has_a_core_mem_node(modes, warned) -> None:
+    state = ClusterState()
+    state.replace_nodes([node(f"n{i}", mode=m) for i, m in enumerate(modes)])
+    http = TestClient(build_app(Service(state, FakeCluster(state), max_body=64 * 1024)))
+    answer = http.post("/admission/validate", json=review(pod(mem=2))).json()["response"]
+    assert answer["allowed"] is True
+    assert bool(answer.get("warnings")) is warned, answer
