@@ -120,12 +120,17 @@ def flood_process(url: str, ca: str, connections: int, start_at: float, end_at: 
                 counts[f"{name}: {answer}"] += 1
         c.close()
 
+    def report() -> None:  # what was posted so far, so a flood stopped early still says what it did
+        with lock:
+            out.put((os.getpid(), dict(counts)))  # type: ignore[attr-defined]
+
     threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(connections)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(timeout=max(1.0, end_at - time.time()) + 70)
-    out.put(dict(counts))  # type: ignore[attr-defined]
+    while any(t.is_alive() for t in threads) and time.time() < end_at + 70:
+        report()
+        time.sleep(0.5)
+    report()
 
 
 # --- the legitimate callers ----------------------------------------------------------------------------------------
@@ -167,6 +172,7 @@ class Phase:
     filters: Calls = field(default_factory=Calls)
     peak_rss: int = 0
     over_limit_at: float = 0.0
+    seconds: float = 0.0
 
 
 def run_phase(seconds: float, url: str, ca: Path, certs: dict[str, tuple[Path, Path]], auth: str, names: list[str],
@@ -191,6 +197,7 @@ def run_phase(seconds: float, url: str, ca: Path, certs: dict[str, tuple[Path, P
     procs: list[multiprocessing.process.BaseProcess] = []
     results: dict = {}
     start = time.time() + (8.0 if flood else 0.0)  # the flood processes build their bodies first
+    queue = None
     if flood:
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
@@ -217,14 +224,29 @@ def run_phase(seconds: float, url: str, ca: Path, certs: dict[str, tuple[Path, P
     done.set()
     for w in workers:
         w.join(timeout=TIMEOUT_S + 1)
-    for p in procs:
-        if phase.over_limit_at:
+    latest: dict[int, dict] = {}
+
+    def drain() -> None:
+        while queue is not None:
+            try:
+                pid, counts = queue.get(timeout=0.1)
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing more for now
+                return
+            latest[pid] = counts
+
+    if phase.over_limit_at:
+        drain()
+        for p in procs:
             p.terminate()
-        p.join(timeout=90)
+    deadline = time.time() + 90
+    while procs and any(p.is_alive() for p in procs) and time.time() < deadline:
+        drain()  # a process that put reports exits once they are read
     if flood:
-        while not queue.empty():
-            for k, v in queue.get().items():
+        drain()
+        for counts in latest.values():
+            for k, v in counts.items():
                 results[k] = results.get(k, 0) + v
+    phase.seconds = phase.over_limit_at or seconds
     apiserver.close()
     scheduler.close()
     return phase, results
@@ -308,7 +330,7 @@ def main() -> int:
                 print("  " + ph.reviews.row("reviews"))
                 print("  " + ph.filters.row("filters"))
             total = sum(v for k, v in posts.items() if ":" not in k)
-            print(f"--- the flood's posts: {total} ({total / args.seconds:.0f}/s): "
+            print(f"--- the flood's posts: {total} in {loud.seconds:.1f} s ({total / loud.seconds:.0f}/s): "
                   + ", ".join(f"{k} {v}" for k, v in sorted(posts.items()) if ":" not in k))
             for k, v in sorted(posts.items()):
                 if ":" in k:
