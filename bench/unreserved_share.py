@@ -12,8 +12,9 @@ below 100 % means the processes were short of CPU, not of GPU time). Two orders:
 neighbours' limits cap them at the 30 % nobody reserved) and last (they were placed on a GPU nobody had reserved
 any of: cap 100).
 
-Then the start of the neighbours: the 70 % container runs alone, N memory-only containers start beside it; its
-lowest 100 ms tick over the next 3 s, and from when it has had >= 65 % in two consecutive ticks.
+Then arrivals: the 70 % container runs alone and N memory-only containers start beside it, or they run alone
+(bursting into the idle GPU) and it starts beside them; the 70 % container's lowest 100 ms tick over the next
+3 s, and from when it has had >= 65 % in two consecutive ticks (--repeat runs of each).
 """
 
 from __future__ import annotations
@@ -37,18 +38,22 @@ PAID = 70
 KEEPS = 65
 
 
-def neighbours_start(work: Path, n: int, workload: Workload, alone: float, together: float
-                     ) -> tuple[float | None, tuple[float, float]]:
-    """(seconds until the paid container has >= KEEPS in two consecutive ticks or None, (its lowest tick, the GPU's
-    busy share in that tick)) after `n` memory-only neighbours start beside it."""
+def arrival(work: Path, n: int, workload: Workload, alone: float, together: float, paid_arrives: bool
+            ) -> tuple[float | None, tuple[float, float]]:
+    """The paid container runs alone and `n` memory-only neighbours start beside it, or (`paid_arrives`) they run
+    alone, bursting into the idle GPU, and it starts beside them. (Seconds from then until the paid container has
+    had >= KEEPS in two consecutive ticks, or None; (its lowest tick, the GPU's busy share in that tick))."""
     driver = make_gpu(work / "node")
     try:
-        paid, *others = paid_beside_memory_only(work / "state", driver.gpus[0].uuid, PAID, n)
+        placed = paid_beside_memory_only(work / "state", driver.gpus[0].uuid, PAID, n, paid_first=not paid_arrives)
+        first = [c for c in placed if (c.name == "paid") != paid_arrives]
+        later = [c for c in placed if c not in first]
         run = Run(driver, work / "run", workload, alone + together + 0.5)
         try:
-            run.start(paid)
+            for c in first:
+                run.start(c)
             time.sleep(alone)
-            for c in others:
+            for c in later:
                 run.start(c, seconds=together)
             start = prev_t = time.monotonic()
             prev = run.busy()
@@ -105,20 +110,25 @@ def main() -> int:
                                           "gpu_busy": round(busy, 1)}
                 print(f"{n:>3}  {'paid first' if paid_first else 'paid last':<12}{got['paid']:>8.1f}%{busy:>8.1f}%   "
                       + " + ".join(f"{v:.1f}" for v in rest) + " %")
-        for n in counts:
-            runs = [neighbours_start(work / f"start-{n}-{r}", n, workload, alone=1.5, together=3.0)
-                    for r in range(args.repeat)]
-            back = [b for b, _ in runs if b is not None]
-            lowest = [low for _, (low, _) in runs]
-            worst_tick = min((tick for _, tick in runs), key=lambda t: t[0])
-            results["start"][f"n{n}"] = {"back_s": [b for b, _ in runs],  # type: ignore[index]
-                                         "lowest": [list(t) for _, t in runs]}
-            print(f"{n} memory-only container(s) start beside the busy {PAID} % one: its lowest 100 ms tick "
-                  f"{worst_tick[0]:.1f} % (GPU busy {worst_tick[1]:.1f} % then; median of {len(runs)} runs "
-                  f"{statistics.median(lowest):.1f} %); at >= "
-                  f"{KEEPS} % in two consecutive ticks from "
-                  + (f"{statistics.median(back) * 1000:.0f} ms on (median, worst {max(back) * 1000:.0f} ms)"
-                     if back else "never"))
+        for paid_arrives in (False, True):
+            for n in counts:
+                runs = [arrival(work / f"start-{paid_arrives}-{n}-{r}", n, workload, alone=2.0, together=3.0,
+                                paid_arrives=paid_arrives) for r in range(args.repeat)]
+                back = [b for b, _ in runs if b is not None]
+                lowest = [low for _, (low, _) in runs]
+                worst_tick = min((tick for _, tick in runs), key=lambda t: t[0])
+                results["start"][f"n{n}-{'paid' if paid_arrives else 'memory-only'}-arrives"] = {  # type: ignore
+                    "back_s": [b for b, _ in runs], "lowest": [list(t) for _, t in runs]}
+                since = (f"{statistics.median(back) * 1000:.0f} ms (median of {len(runs)}, worst "
+                         f"{max(back) * 1000:.0f} ms{'' if len(back) == len(runs) else ', some never'})"
+                         if back else "never")
+                if paid_arrives:  # its first ticks hold its own start: what counts is when it has its share
+                    print(f"the {PAID} % one starts beside {n} busy memory-only container(s): >= {KEEPS} % in two "
+                          f"consecutive 100 ms ticks after {since}")
+                else:
+                    print(f"{n} memory-only container(s) start beside the busy {PAID} % one: its lowest 100 ms tick "
+                          f"{worst_tick[0]:.1f} % (GPU busy {worst_tick[1]:.1f} % then; median of {len(runs)} runs "
+                          f"{statistics.median(lowest):.1f} %)")
         print(f"lowest steady share of the {PAID} % container: {worst:.1f} %")
         results["worst_paid"] = round(worst, 1)
         print(json.dumps(results))
