@@ -43,7 +43,7 @@
 #define GS_SATURATED 97      /* default: the GPU counts as saturated from this utilisation */
 #define GS_NEIGHBOUR_MIN 5   /* default: another container counts as wanting compute from this use */
 #define GS_HOLD_MS 1000      /* default: after giving compute back, no bursting for this long */
-#define GS_UNRESERVED_STEP 5 /* no compute reserved: the most its aim grows in one step (percent of the GPU) */
+#define GS_UNRESERVED_STEP 2 /* no compute reserved: the most its aim grows in one step (percent of the GPU) */
 #define GS_UNRESERVED_FILL 94 /* no compute reserved: fills the GPU up to this, above default's 100 - GS_HEADROOM,
                                * so that a paid neighbour's burst above its share recedes to make room for it */
 #define GS_UNRESERVED_CUT 4  /* no compute reserved: a saturated GPU divides its aim by this, each step */
