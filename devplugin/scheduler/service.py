@@ -6,6 +6,7 @@ import argparse
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -135,6 +136,12 @@ def webhook_names(args: argparse.Namespace) -> list[str]:
 
 
 FREEZE_EVERY_S = 300.0
+# How long a thread may hold the interpreter while another waits for it (CPython's default: 5 ms). An answer to
+# the apiserver or kube-scheduler passes between the event loop and a worker thread a few times; each pass waited
+# up to the whole interval behind a review being judged. With 1 ms, under a flood of the heaviest reviews the
+# limits let through, the apiserver's reviews took 9.7 and 12.6 ms at the median instead of 22 and 19.6
+# (bench/webhook_flood.py, docs/benchmarks.md).
+SWITCH_INTERVAL_S = 0.001
 
 
 def freeze_long_lived(state: ClusterState, frozen_at: float, now: float | None = None) -> float:
@@ -192,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from devplugin.scheduler.tls import CertReloader
 
     logs.setup(args.log_level, args.log_format)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     state = ClusterState(assume_ttl_s=args.assume_ttl, domain=args.resource_domain)
     try:
         client = load_api_client(args.kubeconfig)
