@@ -116,7 +116,7 @@ def main() -> int:
         driver = FakeDriver.create(root / "drv", gpus(8, 80 * 1024))
         with KubeletEmulator(root / "dp", root / "pr.sock") as kubelet:
             daemon = start_daemon(driver, root, "--shim", "on", "--shim-lib", str(SHIM_LIB),
-                                  "--health-port", str(port))
+                                  "--metrics-port", str(port))
             try:
                 if not kubelet.wait_for(lambda k: k.allocatable().get(CORE, 0) == 800, timeout=30):
                     print("metrics bench: the daemon did not register", file=sys.stderr)

@@ -54,6 +54,13 @@ class FakeApiserver:
         self.kubeconfig_path = str(Path(self._dir.name) / "kubeconfig")
         self.port = 0
 
+    @staticmethod
+    def token_user(token: str) -> str | None:
+        """The user a token from this fake's TokenRequest names (system:serviceaccount:NS:NAME), else None."""
+        kind, _, rest = token.partition(":")
+        ns, _, name = rest.partition(":")
+        return f"system:serviceaccount:{ns}:{name}" if kind == "fake-token" and ns and name else None
+
     # --- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> FakeApiserver:
         self._server = Server(self)

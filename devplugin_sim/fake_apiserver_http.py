@@ -64,6 +64,12 @@ class Server(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
 
+def _is_token_request(path: str) -> bool:
+    parts = path.split("/")
+    return (len(parts) == 8 and parts[1:4] == ["api", "v1", "namespaces"] and parts[5] == "serviceaccounts"
+            and parts[7] == "token")
+
+
 def _route(path: str) -> tuple[tuple[str, str], str, str, str]:
     """(resource, namespace, name, subresource) of a path; ApiError 404 for anything else."""
     parts = [p for p in path.split("/") if p]
@@ -147,6 +153,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_text(200, "ok")
             if method == "GET" and "/proxy/" in url.path:
                 return self._proxy(url.path)
+            if method == "POST" and _is_token_request(url.path):
+                return self._token(url.path)
             self._dispatch(method, url.path, query, body)
         except ApiError as exc:
             self._send(exc.code, exc.status())
@@ -204,13 +212,26 @@ class Handler(BaseHTTPRequestHandler):
         ip = (pod.get("status") or {}).get("podIP")
         if not ip or not port.isdigit():
             raise ApiError(503, "ServiceUnavailable", f"pod {name} has no IP, or port {port!r} is not a number")
+        # like the real proxy: the caller's Authorization is not passed on (the apiserver consumed it), other
+        # headers are
+        passed = {k: v for k, v in self.headers.items() if k.lower() not in ("authorization", "host", "connection")}
+        target = urllib.request.Request(f"http://{ip}:{port}/{parts[8] if len(parts) > 8 else ''}", headers=passed)
         try:
-            with urllib.request.urlopen(f"http://{ip}:{port}/{parts[8] if len(parts) > 8 else ''}", timeout=10) as r:
+            with urllib.request.urlopen(target, timeout=10) as r:
                 return self._send_text(r.status, r.read().decode())
         except urllib.error.HTTPError as exc:
             return self._send_text(exc.code, exc.read().decode())
         except OSError as exc:
             raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: {exc}") from None
+
+    def _token(self, path: str) -> None:
+        """POST /api/v1/namespaces/NS/serviceaccounts/NAME/token (TokenRequest): a token naming the ServiceAccount,
+        `fake-token:NS:NAME` (FakeApiserver.token_user reads it back, for a TokenReview in tests)."""
+        parts = path.split("/")
+        ns, name = parts[4], parts[6]
+        self._send(201, {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                         "metadata": {"name": name, "namespace": ns},
+                         "status": {"token": f"fake-token:{ns}:{name}", "expirationTimestamp": "2099-01-01T00:00:00Z"}})
 
     def _bind(self, ns: str, name: str, body: dict) -> None:
         target = (body.get("target") or {}).get("name")

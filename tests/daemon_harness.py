@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplugin.app.config import Config
-from devplugin.app.health_server import HealthServer
+from devplugin.app.health_server import health_server
+from devplugin.app.http_serving import BoundedServer
 from devplugin.app.metrics import NodeMetrics
+from devplugin.app.metrics_server import metrics_server
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
 from devplugin.app.serve import shim_mounts
 from devplugin.deviceplugin.daemon import Daemon
@@ -51,13 +53,19 @@ class Running:
     api: FakeApiserver | None = None
     node_name: str = "gpu-node"
     metrics: NodeMetrics | None = None
-    http: HealthServer | None = None  # /healthz, /readyz and /metrics, when running(health_port=...) asked for it
+    http: BoundedServer | None = None  # /healthz and /readyz, when running(health_port=...) asked for it
+    metrics_http: BoundedServer | None = None  # /metrics on loopback, beside them
     whole_gpus: int = 0  # the last N GPUs kept for gpu-count (the node label gpushare.io/whole-gpus)
 
     @property
     def http_url(self) -> str:
         assert self.http is not None, "start the daemon with running(health_port=0) to serve its endpoints"
         return f"http://127.0.0.1:{self.http.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        assert self.metrics_http is not None, "start the daemon with running(health_port=0) to serve its endpoints"
+        return f"http://127.0.0.1:{self.metrics_http.port}"
 
     def pod(self, name: str, *, containers: list[dict] | None = None, init: list[dict] | None = None,
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -158,7 +166,8 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
             **overrides: object) -> Iterator[Running]:
     """The daemon on a fake node with a kubelet emulator; `kubelet_pod_resources` serves the kubelet's PodResources
     somewhere else than where the daemon looks (a kubelet without it). `health_port=` (0: a free one) serves
-    /healthz, /readyz and /metrics as `devplugin serve` does (Running.http_url)."""
+    /healthz and /readyz (Running.http_url) and, on a free loopback port, /metrics (Running.metrics_url) as
+    `devplugin serve` does."""
     serve_http = "health_port" in overrides
     root = short_dir()
     load_in_process()
@@ -178,18 +187,20 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
     nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link, metrics, whole_gpus)
     nd.start()
     r = None
-    http = None
+    http = metrics_http = None
     try:
         if serve_http:
-            http = HealthServer(cfg.health_port, lambda: (link.current or nd).ready(), host="127.0.0.1",
-                                registry=metrics.registry, alive=lambda: (link.current or nd).alive(),
-                                extra=metrics.container_exposition).start()
+            http = health_server(cfg.health_port, lambda: (link.current or nd).ready(),
+                                 alive=lambda: (link.current or nd).alive(), host="127.0.0.1").start()
+            metrics_http = metrics_server("127.0.0.1", 0, metrics.exposition).start()
         r = Running(root, driver, kubelet, nd.daemon, nd.health, Path(cfg.plugin_dir),
-                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name, metrics, http, whole_gpus)
+                    Path(kubelet.pod_resources_socket), cfg, nd, apiserver, node_name, metrics, http, metrics_http,
+                    whole_gpus)
         yield r
     finally:
-        if http is not None:
-            http.stop()
+        for server in (http, metrics_http):
+            if server is not None:
+                server.stop()
         (r.nd if r is not None and r.nd is not None else nd).stop()
         close_link(link)
         kubelet.stop()

@@ -34,11 +34,12 @@ def daemon(pod: dict) -> dict:
 
 def test_the_daemon_runs_as_its_service_account(docs: dict[str, dict]) -> None:
     # what the ClusterRole grants is checked against the code in tests/test_rbac.py
-    binding = docs["ClusterRoleBinding"]
-    sa = docs["ServiceAccount"]["metadata"]
-    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
-    assert {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]} in binding["subjects"]
-    assert docs["DaemonSet"]["spec"]["template"]["spec"]["serviceAccountName"] == sa["name"]
+    objects = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    name = docs["DaemonSet"]["spec"]["template"]["spec"]["serviceAccountName"]
+    [sa] = [o["metadata"] for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == name]
+    [binding] = [o for o in objects if o["kind"] == "ClusterRoleBinding"
+                 and {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]} in o["subjects"]]
+    assert any(o["kind"] == "ClusterRole" and o["metadata"]["name"] == binding["roleRef"]["name"] for o in objects)
 
 
 def test_it_runs_on_every_node_labelled_for_gpu_sharing_whatever_the_mode(pod: dict) -> None:

@@ -80,7 +80,8 @@ def test_overlays_add_up() -> None:
     node, extender, second = (kinds(n) for n in OVERLAYS)
     assert ("DaemonSet", "gpushare-devplugin") in node
     assert {k for k, _ in node} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
-                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap"}
+                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap",
+                                    "NetworkPolicy"}
     assert ("ConfigMap", "gpushare-annotation-writers") in node  # the third-party annotations policy's parameter
     assert node < extender < second
     assert {("Deployment", "devplugin-scheduler"), ("ValidatingWebhookConfiguration", "devplugin-scheduler"),

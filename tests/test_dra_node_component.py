@@ -53,7 +53,8 @@ def test_the_daemonset_runs_the_plugin_on_dra_nodes_with_real_flags(tmp_path: Pa
         ("ServiceAccount", "gpushare-dra-plugin"), ("ClusterRole", "gpushare-dra-plugin"),
         ("ClusterRoleBinding", "gpushare-dra-plugin"), ("DaemonSet", "gpushare-dra-plugin"),
         ("ValidatingAdmissionPolicy", "gpushare-dra-plugin-own-slices"),
-        ("ValidatingAdmissionPolicyBinding", "gpushare-dra-plugin-own-slices")}
+        ("ValidatingAdmissionPolicyBinding", "gpushare-dra-plugin-own-slices"),
+        ("NetworkPolicy", "gpushare-dra-plugin")}
     for obj in mine:
         for version in ("1.34.0", kubernetes_validate.latest_version()):
             kubernetes_validate.validate(obj, version, strict=True)
@@ -80,7 +81,9 @@ def test_the_rbac_is_what_the_plugin_calls() -> None:
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
     assert rules == {("resource.k8s.io", "resourceslices"): {"get", "list", "create", "update", "delete"},
                      ("resource.k8s.io", "resourceclaims"): {"get"}, ("", "pods"): {"get"},
-                     ("", "nodes"): {"list", "watch"}}
+                     ("", "nodes"): {"list", "watch"},
+                     ("authentication.k8s.io", "tokenreviews"): {"create"},
+                     ("authorization.k8s.io", "subjectaccessreviews"): {"create"}}
 
 
 def kubectl(kubeconfig: Path, *args: str) -> str:

@@ -31,8 +31,8 @@ SETTINGS = {
     "second-scheduler": ["scheduler.enabled=true", "secondScheduler.enabled=true"],
 }
 # Settings the chart sets from its own values (the volumes, ports and probes use them too).
-DAEMON_BY_CHART = {"node_name", "health_port", "shim_lib", "shim_state_dir", "state_dir", "plugin_dir",
-                   "pod_resources_socket", "log_format"}
+DAEMON_BY_CHART = {"node_name", "health_port", "metrics_port", "metrics_address", "metrics_auth", "shim_lib",
+                   "shim_state_dir", "state_dir", "plugin_dir", "pod_resources_socket", "log_format"}
 SCHEDULER_BY_CHART = {"address", "port", "tls_cert_file", "tls_private_key_file", "client_ca_file", "plain_http",
                       "log_format", "resource_domain", "leader_elect", "leader_elect_namespace", "leader_elect_name",
                       "leader_elect_identity", "allowed_client_names"}
@@ -104,7 +104,8 @@ def check_pod_monitor(obj: dict) -> None:
     spec = obj["spec"]
     assert set(spec) <= {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}
     for ep in spec["podMetricsEndpoints"]:
-        assert set(ep) <= {"port", "path", "scheme", "interval", "tlsConfig", "scrapeTimeout", "relabelings"}
+        assert set(ep) <= {"port", "path", "scheme", "interval", "tlsConfig", "scrapeTimeout", "relabelings",
+                           "authorization"}
         assert ep["port"] and ep["path"] == "/metrics"
 
 
@@ -241,7 +242,7 @@ def test_dra_renders_the_same_classes_and_policies_as_the_kustomize_component(tm
     chart = by_key(same_cel(render("dra.enabled=true")))
     assert set(chart) == set(kustomize)
     plugin = [k for k in kustomize if "gpushare-dra-plugin" in k[2]]
-    assert len(plugin) == 6, plugin  # the node plugin's DaemonSet, RBAC and slice policy
+    assert len(plugin) == 7, plugin  # the node plugin's DaemonSet, RBAC, slice policy and NetworkPolicy
     for key in plugin:
         assert chart[key] == kustomize[key], key
     ours = {("DeviceClass", "", "gpu.gpushare.io"), ("DeviceClass", "", "whole.gpu.gpushare.io"),

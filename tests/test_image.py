@@ -18,7 +18,7 @@ from threading import Thread
 
 import pytest
 
-from devplugin.app.health_server import HealthServer
+from devplugin.app.health_server import health_server
 from tests.dockerfile_parse import Stage, copy_sources, parse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,7 +215,7 @@ def healthcheck(port: str) -> int:
 
 
 def test_healthcheck_passes_when_healthz_answers() -> None:
-    server = HealthServer(0, lambda: (False, "not registered yet"), host="127.0.0.1").start()
+    server = health_server(0, lambda: (False, "not registered yet"), host="127.0.0.1").start()
     try:
         assert healthcheck(str(server.port)) == 0  # alive, though not ready: Docker's check is liveness
     finally:

@@ -1,6 +1,7 @@
 """`kubectl inspect gpushare` shows use beside allocation: the real daemon (fake apiserver, kubelet emulator) and
 the real shim over the fake driver in a container's process; inspect reaches the daemon's /metrics through the
-apiserver's pod proxy, as it does on a cluster."""
+apiserver's pod proxy, as it does on a cluster, with a token of gpushare-metrics-reader (the daemon's metrics port
+answers no other; the real apiserver's part of it: tests/test_metrics_auth_realk8s.py)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,39 @@ from collections.abc import Iterator
 import pytest
 
 from devplugin import contract
+from devplugin.app.metrics_auth import TokenCheck, User
+from devplugin.app.metrics_server import metrics_server
 from devplugin.inspect.cli import main
+from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.daemon_harness import Running, _until
 from tests.shim_probe import GiB
 from tests.test_metrics_containers import admit, container_env, poll, start, stop, until
 from tests.test_metrics_containers import r as r  # noqa: F401 - the fixture: daemon with the shim delivered
 
+READER = "system:serviceaccount:kube-system:gpushare-metrics-reader"
+
 
 @pytest.fixture
 def daemon_pod(r: Running) -> Iterator[dict]:  # noqa: F811
-    """The node daemon's pod as the apiserver lists it: running on the node, its health port named."""
-    assert r.api is not None and r.http is not None
+    """The node daemon's pod as the apiserver lists it: running on the node, its ports named; its metrics port
+    answers a token of gpushare-metrics-reader alone, as with --metrics-auth kubernetes (the fake apiserver's
+    tokens reviewed in place of TokenReview and SubjectAccessReview)."""
+    assert r.api is not None and r.http is not None and r.metrics is not None
+    check = TokenCheck(lambda token: User(u) if (u := FakeApiserver.token_user(token)) else None,
+                       lambda user: (user.name == READER, "not the reader"))
+    metrics = metrics_server("127.0.0.1", 0, r.metrics.exposition, check).start()
     pod = r.api.add_pod({
         "metadata": {"name": "gpushare-devplugin-x1", "namespace": "kube-system",
                      "labels": {"app": "gpushare-devplugin"}},
         "spec": {"nodeName": r.node_name, "containers": [{
             "name": "devplugin", "image": "gpushare/devplugin:0.1.0",
-            "ports": [{"name": "health", "containerPort": r.http.port, "protocol": "TCP"}]}]},
+            "ports": [{"name": "health", "containerPort": r.http.port, "protocol": "TCP"},
+                      {"name": "metrics", "containerPort": metrics.port, "protocol": "TCP"}]}]},
         "status": {"phase": "Running", "podIP": "127.0.0.1"}})
-    yield pod
+    try:
+        yield pod
+    finally:
+        metrics.stop()
 
 
 def inspect(r: Running, capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -74,6 +89,22 @@ def test_a_daemon_that_does_not_answer_leaves_use_unknown_with_why(r: Running, d
     assert r.api is not None
     r.api.patch_pod("kube-system", "gpushare-devplugin-x1", {"status": {"podIP": "127.0.0.2"}})
     r.api.patch_pod("kube-system", "gpushare-devplugin-x1", {"spec": {"containers": [{
-        "name": "devplugin", "ports": [{"name": "health", "containerPort": 1, "protocol": "TCP"}]}]}})
+        "name": "devplugin", "ports": [{"name": "metrics", "containerPort": 1, "protocol": "TCP"}]}]}})
     out = inspect(r, capsys, r.node_name)
     assert "! use unknown: daemon kube-system/gpushare-devplugin-x1 answered 503" in out, out
+
+
+def test_a_daemon_that_refuses_the_token_says_why(r: Running, daemon_pod: dict,  # noqa: F811
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert r.api is not None and r.metrics is not None
+    nobody = TokenCheck(lambda token: User(u) if (u := FakeApiserver.token_user(token)) else None,
+                        lambda user: (False, "no RBAC policy matched"))
+    refusing = metrics_server("127.0.0.1", 0, r.metrics.exposition, nobody).start()
+    try:
+        r.api.patch_pod("kube-system", "gpushare-devplugin-x1", {"spec": {"containers": [{
+            "name": "devplugin", "ports": [{"name": "metrics", "containerPort": refusing.port, "protocol": "TCP"}]}]}})
+        out = inspect(r, capsys, r.node_name)
+    finally:
+        refusing.stop()
+    assert (f"! use unknown: daemon kube-system/gpushare-devplugin-x1 answered 403 Forbidden: {READER} may not get "
+            "/metrics (no RBAC policy matched)") in " ".join(out.split()), out  # the report wraps at 80 columns

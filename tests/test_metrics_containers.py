@@ -23,7 +23,7 @@ Samples = dict[str, dict[tuple[str, str], float]]  # metric -> (pod, GPU UUID) -
 
 
 def scrape(r: Running) -> Samples:
-    with urllib.request.urlopen(r.http_url + "/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(r.metrics_url + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
     out: Samples = {}
     for family in text_string_to_metric_families(text):

@@ -19,7 +19,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def scrape(r: Running) -> Samples:
-    with urllib.request.urlopen(r.http_url + "/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(r.metrics_url + "/metrics", timeout=5) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=")
         text = resp.read().decode()

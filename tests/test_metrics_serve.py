@@ -1,4 +1,4 @@
-"""`devplugin serve` as a process serves /metrics on its health port: the figures follow what the kubelet
+"""`devplugin serve` as a process serves /metrics on its metrics port: the figures follow what the kubelet
 admitted (the wiring of the real entry point, not only of the test harness)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_serve_exports_what_the_kubelet_admitted() -> None:
     try:
         driver = FakeDriver.create(root / "drv", seed_node(2, 15360))
         with KubeletEmulator(root / "dp", root / "pr.sock") as kubelet:
-            proc = serve(driver, root, "--mode", "cgpu", "--node-name", "", "--health-port", str(port))
+            proc = serve(driver, root, "--mode", "cgpu", "--node-name", "", "--metrics-port", str(port))
             try:
                 assert kubelet.wait_for(lambda k: k.allocatable().get(COUNT) == 2, timeout=20)
                 got = kubelet.admit(PodSpec(name="p", namespace="default", uid="uid-p",

@@ -47,6 +47,8 @@ METHODS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "create_namespaced_lease": ("coordination.k8s.io", "leases", ("create",)),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", ("update",)),
     "patch_namespaced_lease": ("coordination.k8s.io", "leases", ("patch",)),
+    "create_token_review": ("authentication.k8s.io", "tokenreviews", ("create",)),
+    "create_subject_access_review": ("authorization.k8s.io", "subjectaccessreviews", ("create",)),
 }
 API_CLASSES = {name for name in dir(client) if name.endswith("Api") and name != "ApiClient"}
 

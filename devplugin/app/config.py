@@ -14,6 +14,7 @@ from devplugin.deviceplugin.device_list import STRATEGIES
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_"
+METRICS_AUTH = ("none", "kubernetes")
 _T = TypeVar("_T")
 
 
@@ -27,6 +28,10 @@ class Settings:
     """What every daemon's settings share: env names, XID lists and the checks of choices, floats and XIDs."""
 
     env_prefix = ENV_PREFIX
+    # every component's settings have these (fields of the dataclasses below)
+    health_port: int
+    metrics_port: int
+    metrics_address: str
 
     def env_name(self, name: str) -> str:
         meta = next(f for f in fields(self) if f.name == name).metadata  # type: ignore[arg-type]
@@ -60,6 +65,20 @@ class Settings:
         if both:
             raise ValueError(f"XID {','.join(map(str, sorted(both)))} is in both --ignored-xids and --reset-xids "
                              f"({self.env_name('ignored_xids')}, {self.env_name('reset_xids')}): remove it from one")
+        self.check_ports()
+
+    def check_ports(self) -> None:
+        """ValueError for a port outside 0..65535, one port for both the probes and /metrics, or no address."""
+        for name, port in (("health_port", self.health_port), ("metrics_port", self.metrics_port)):
+            if not 0 <= port <= 65535:
+                raise ValueError(f"--{name.replace('_', '-')} {port} is not a port (0..65535; 0: none)")
+        health, metrics = self.health_port, self.metrics_port
+        if health and health == metrics:
+            raise ValueError(f"--metrics-port {metrics} is --health-port's too: give each its own port (the probes' "
+                             "port is open to every address, /metrics only to --metrics-address)")
+        if not self.metrics_address:
+            raise ValueError(f"--metrics-address is empty: name an address to listen on (127.0.0.1, or 0.0.0.0 "
+                             f"with --metrics-auth kubernetes; set by flag or {self.env_name('metrics_address')})")
 
 
 @dataclass
@@ -99,8 +118,18 @@ class Config(Settings):
         0.3, "seconds an admission may wait for the apiserver to name the pod (when the pod cache has not seen it "
         "yet); past that the container is placed by node-local pairing and named later", maximum=5.0)
     health_port: int = _opt(
-        8089, "port of the /healthz, /readyz and /metrics (Prometheus) endpoints (0: none); ready once the node's "
-        "held devices are known and every resource is registered")
+        8089, "port of /healthz and /readyz, the DaemonSet's probes, on every address (0: none); ready once the "
+        "node's held devices are known and every resource is registered")
+    metrics_port: int = _opt(
+        0, "port of /metrics (Prometheus; 0: none): the per-GPU figures and each container's GPU use, which "
+        "name every tenant's namespaces, pods and containers (the DaemonSet serves it on 8091)")
+    metrics_address: str = _opt(
+        "127.0.0.1", "address /metrics listens on: loopback by default; 0.0.0.0 (every address) for a scraper "
+        "outside the pod, with --metrics-auth kubernetes")
+    metrics_auth: str = _opt(
+        "none", "who may read /metrics: none (whoever reaches --metrics-address) or kubernetes (a bearer token "
+        "the apiserver authenticates and allows get on /metrics: TokenReview and SubjectAccessReview)",
+        choices=METRICS_AUTH)
     device_list_strategy: str = _opt(
         "envvar", "how a container is told its GPUs: envvar (NVIDIA_VISIBLE_DEVICES=<UUIDs>), volume-mounts (a "
         "mount per GPU under /var/run/nvidia-container-devices; a pod's own env then grants nothing) or cdi-cri (CDI "

@@ -8,9 +8,11 @@ import signal
 import threading
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
 from devplugin import contract
 from devplugin.app.dra_config import DraConfig
-from devplugin.app.health_server import HealthServer
+from devplugin.app.endpoints import start_endpoints, stop_endpoints
 from devplugin.dra.checkpoint import FILE as CHECKPOINT_FILE
 from devplugin.dra.checkpoint import CheckpointError
 from devplugin.dra.conflicts import ConflictCheck
@@ -127,14 +129,17 @@ def run(cfg: DraConfig) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = (HealthServer(cfg.health_port, plugin.ready, registry=metrics.registry, alive=plugin.alive).start()
-              if cfg.health_port else None)
+    try:
+        servers = start_endpoints(cfg, plugin.ready, plugin.alive, lambda: generate_latest(metrics.registry),
+                                  "the DRA plugin's metrics")
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_CONFIG
     try:
         health.start()
     except NvmlUnavailable as exc:
         log.error("cannot watch GPU health: %s", exc)
-        if server is not None:
-            server.stop()
+        stop_endpoints(servers)
         return EXIT_CONFIG
     log.info("node %s: %d GPUs for DRA driver %s", node, len(gpus), contract.DRA_DRIVER,
              extra={"fields": {"node": node, "gpus": len(gpus)}})
@@ -147,7 +152,6 @@ def run(cfg: DraConfig) -> int:
         plugin.stop()
         health.stop()
         watch.stop()
-        if server is not None:
-            server.stop()
+        stop_endpoints(servers)
         log.info("stopped", extra={"fields": {"node": node}})
     return 0

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from devplugin import contract
-from devplugin.app.config import Settings, _opt
+from devplugin.app.config import METRICS_AUTH, Settings, _opt
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_DRA_"
@@ -39,7 +39,13 @@ class DraConfig(Settings):
                                    maximum=86400.0)
     resync_seconds: float = _opt(30.0, "how often the ResourceSlices are compared with the apiserver's (a health "
                                  "change is published at once)", maximum=3600.0)
-    health_port: int = _opt(8090, "port of /healthz, /readyz and /metrics (0: none)")
+    health_port: int = _opt(8090, "port of /healthz and /readyz, the DaemonSet's probes, on every address (0: none)")
+    metrics_port: int = _opt(0, "port of /metrics (Prometheus; 0: none; the DaemonSet serves it on 8092)")
+    metrics_address: str = _opt("127.0.0.1", "address /metrics listens on: loopback by default; 0.0.0.0 (every "
+                                "address) for a scraper outside the pod, with --metrics-auth kubernetes")
+    metrics_auth: str = _opt("none", "who may read /metrics: none (whoever reaches --metrics-address) or kubernetes "
+                             "(a bearer token the apiserver authenticates and allows get on /metrics)",
+                             choices=METRICS_AUTH)
     log_format: str = _opt("text", "log format", choices=("text", "json"))
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
@@ -52,8 +58,6 @@ class DraConfig(Settings):
         for name in ("plugins_registry_dir", "plugin_dir", "cdi_dir", "state_dir", "shim_state_dir"):
             if not getattr(self, name):
                 raise ValueError(f"--{name.replace('_', '-')} must name a directory")
-        if not 0 <= self.health_port <= 65535:
-            raise ValueError(f"--health-port {self.health_port} is not a port (0..65535)")
 
 
 def dra_from_args(ns: argparse.Namespace) -> DraConfig:

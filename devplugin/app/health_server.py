@@ -1,85 +1,56 @@
-"""`/healthz` (the process answers and its worker threads run) and `/readyz` (the node daemon serves), for the
-DaemonSet's probes, and `/metrics` (Prometheus's text format) when given a registry (and `extra`, text appended
-to it: the per-container families).
+"""`/healthz` (the process answers and its worker threads run) and `/readyz` (the node component serves), for the
+DaemonSet's probes. The kubelet probes the pod's IP, so this port listens on every address; it serves the probes
+and nothing else (the figures are on the metrics port: devplugin/app/metrics_server.py).
 
-A plain threaded HTTP server from the standard library: three fixed GET paths need no framework.
+Served by uvicorn with the bounds of devplugin/app/http_serving.py: a pod that opens connections and never
+finishes its requests holds no thread and a bounded amount of memory.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
-log = logging.getLogger(__name__)
+from devplugin.app.http_serving import DEFAULT_BOUNDS, BoundedServer, Bounds
 
 Ready = Callable[[], tuple[bool, str]]
+PROBE_PATHS = "/healthz, /readyz"
 
 
-class HealthServer:
-    """Serves on `port` (0 picks a free one: see .port) until stop()."""
+def _answer(check: Ready, what: str) -> PlainTextResponse:
+    try:
+        ok, text = check()
+    except Exception as exc:  # noqa: BLE001 - a probe must answer, whatever the daemon's state
+        ok, text = False, f"{what} check failed: {exc}"
+    return PlainTextResponse(text + "\n", status_code=200 if ok else 503)
 
-    def __init__(self, port: int, ready: Ready, host: str = "0.0.0.0",
-                 registry: CollectorRegistry | None = None, alive: Ready | None = None,
-                 extra: Callable[[], bytes] | None = None) -> None:
-        self.ready = ready
-        self.alive = alive
-        self.registry = registry
-        outer = self
-        paths = "/healthz, /readyz" + (", /metrics" if registry is not None else "")
-        self.paths = paths
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-                content_type = "text/plain; charset=utf-8"
-                if self.path == "/metrics" and outer.registry is not None:
-                    try:
-                        body = generate_latest(outer.registry) + (extra() if extra is not None else b"")
-                        code, content_type = 200, CONTENT_TYPE_LATEST
-                    except Exception as exc:  # a scrape must answer; the daemon goes on
-                        log.exception("collecting metrics failed")
-                        code, body = 500, f"collecting metrics failed: {exc}\n".encode()
-                    self._answer(code, body, content_type)
-                    return
-                if self.path == "/healthz":
-                    try:
-                        ok, text = outer.alive() if outer.alive is not None else (True, "ok")
-                    except Exception as exc:  # noqa: BLE001 - a probe must answer
-                        ok, text = False, f"liveness check failed: {exc}"
-                    code = 200 if ok else 503
-                elif self.path == "/readyz":
-                    try:
-                        ok, text = outer.ready()
-                    except Exception as exc:  # a probe must answer, whatever the daemon's state
-                        ok, text = False, f"readiness check failed: {exc}"
-                    code = 200 if ok else 503
-                else:
-                    code, text = 404, f"not found: use {paths}"
-                self._answer(code, (text + "\n").encode(), content_type)
+def probe_app(ready: Ready, alive: Ready | None = None, metrics_port: int = 0) -> Starlette:
+    """The probes' routes; any other path gets 404 naming what is served here (and where /metrics is)."""
+    def always() -> tuple[bool, str]:
+        return True, "ok"
 
-            def _answer(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    async def healthz(_: Request) -> PlainTextResponse:
+        return _answer(alive or always, "liveness")
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-                pass
+    async def readyz(_: Request) -> PlainTextResponse:
+        return _answer(ready, "readiness")
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
+    where = f"port {metrics_port}" if metrics_port else "off: set --metrics-port"
 
-    def start(self) -> HealthServer:
-        self._thread.start()
-        log.info("health endpoints on port %d (%s)", self.port, self.paths, extra={"fields": {"port": self.port}})
-        return self
+    async def not_found(request: Request, _: Exception) -> PlainTextResponse:
+        return PlainTextResponse(f"not found: use {PROBE_PATHS}; /metrics is on the metrics port ({where})\n",
+                                 status_code=404)
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])],
+                     exception_handlers={404: not_found})
+
+
+def health_server(port: int, ready: Ready, alive: Ready | None = None, host: str = "0.0.0.0",
+                  metrics_port: int = 0, bounds: Bounds = DEFAULT_BOUNDS) -> BoundedServer:
+    """The probes on host:port (port 0 picks a free one: see .port), not started yet."""
+    return BoundedServer(probe_app(ready, alive, metrics_port), host, port, "health", bounds)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the node daemon, served at /metrics on the health port.
+"""Prometheus metrics of the node daemon, served at /metrics on the metrics port (devplugin/app/metrics_server.py).
 
 Two kinds of figures:
 - events counted as they happen (admission latency, refusals, pod lookups): prometheus_client's Histogram and
@@ -8,8 +8,7 @@ Two kinds of figures:
   which are atomic), so admissions pay nothing for it.
 
 - per-container GPU use (devplugin/app/usage_metrics.py), read at scrape time from each held container's usage
-  file and written out by its own renderer (container_exposition), which the health server appends to the
-  registry's exposition.
+  file and written out by its own renderer (container_exposition), appended to the registry's exposition.
 
 Every metric lives in the daemon's own CollectorRegistry (not the process-global one), so several daemons can run
 in one process (tests) and the exposition holds only this daemon's figures.
@@ -20,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -69,6 +68,10 @@ class NodeMetrics:
     def container_exposition(self) -> bytes:
         """The per-container families (usage_metrics.py), appended to the registry's on /metrics."""
         return usage_metrics.exposition(self._link, self.node_name)
+
+    def exposition(self) -> bytes:
+        """Everything /metrics answers: the registry's families, then the per-container ones."""
+        return generate_latest(self.registry) + self.container_exposition()
 
     # ------------------------------------------------------------------ AdmissionObserver
     def answered(self, call: str, resource: str, seconds: float) -> None:

@@ -18,7 +18,7 @@ from devplugin.allocation.node import MODES
 from devplugin.allocation.ports import MountProvider
 from devplugin.allocation.units import Kind, UnitTooFine
 from devplugin.app.config import Config
-from devplugin.app.health_server import HealthServer
+from devplugin.app.endpoints import start_endpoints, stop_endpoints
 from devplugin.app.metrics import NodeMetrics
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
 from devplugin.contract import ALLOCATION_DRA, LABEL_ALLOCATION, LABEL_MODE, LABEL_PLACEMENT
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 RELABEL_CHECK_S = 1.0
+TENANT_FIGURES = "per-container metrics (namespace, pod and container names)"
 
 
 def connect(cfg: Config, on_labels: Callable[[dict[str, str]], None] | None = None,
@@ -230,15 +231,16 @@ def run(cfg: Config) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    server = (HealthServer(cfg.health_port, sup.ready, registry=sup.metrics.registry, alive=sup.alive,
-                           extra=sup.metrics.container_exposition).start()
-              if cfg.health_port else None)
+    try:
+        servers = start_endpoints(cfg, sup.ready, sup.alive, sup.metrics.exposition, TENANT_FIGURES)
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_CONFIG
     try:
         return sup.run()
     finally:
         log.info("stopped")
-        if server is not None:
-            server.stop()
+        stop_endpoints(servers)
 
 
 def shim_paths(cfg: Config) -> ShimPaths:
