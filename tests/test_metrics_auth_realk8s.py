@@ -9,11 +9,13 @@ header: with a token of the reader from a TokenRequest in X-Forwarded-Access-Tok
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -70,7 +72,8 @@ def cluster() -> Iterator[Cluster]:
         bare = cleanup.enter_context(bare_apiserver(root, ADMIN, timeout=90))
         c = Cluster(root, bare.server, bare.kubeconfig)
         c.kubectl("apply", "-f", str(REPO / "deploy/base/rbac.yaml"),
-                  "-f", str(REPO / "deploy/base/metrics-reader.yaml"))
+                  "-f", str(REPO / "deploy/base/metrics-reader.yaml"),
+                  "-f", str(REPO / "deploy/components/dra-node/rbac.yaml"))
         c.kubectl("create", "namespace", "team-a")
         c.kubectl("-n", "team-a", "create", "serviceaccount", "default")  # no controller-manager runs
         c.kubectl("-n", "kube-system", "create", "serviceaccount", "unprivileged")
@@ -198,3 +201,31 @@ def test_inspect_reads_the_figures_through_the_pod_proxy_with_a_reader_token(clu
                         "--wait=false")
         stop(proc, kubelet)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_dra_plugin_answers_the_reader_alone(cluster: Cluster) -> None:
+    """`devplugin dra` with its own ServiceAccount and the RBAC of deploy/components/dra-node: the same check (its
+    metrics answer before the kubelet registers it)."""
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    kubeconfig = kubeconfigs.write(root / "dra.kubeconfig", cluster.server, None, "gpushare-dra-plugin",
+                                   token=cluster.token("kube-system", "gpushare-dra-plugin"))
+    driver = FakeDriver.create(root / "drv", seed_node(2, 15360))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devplugin", "dra", "--node-name", "node-x", "--kubeconfig", str(kubeconfig),
+         "--plugins-registry-dir", str(root / "reg"), "--plugin-dir", str(root / "plug"), "--cdi-dir",
+         str(root / "cdi"), "--shim", "off", "--shim-state-dir", str(root / "shim"), "--state-dir",
+         str(root / "state"), "--health-port", "0", "--metrics-port", str(port), "--metrics-auth", "kubernetes"],
+        env={**os.environ, **driver.env()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        assert _until(lambda: get(url)[0] == 401, 20), "no metrics port"
+        status, body = get(url, cluster.token("kube-system", "gpushare-metrics-reader"))
+        assert status == 200 and "gpushare_dra_prepared_claims" in body, body
+        status, body = get(url, cluster.token("team-a", "default"))
+        assert status == 403 and "system:serviceaccount:team-a:default may not get /metrics" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+        shutil.rmtree(root, ignore_errors=True)
+    assert proc.returncode == 0, out
