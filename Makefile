@@ -70,7 +70,7 @@ E2E_MOD := e2e/go.mod e2e/go.sum
 E2E_AGENT_SRC := $(shell find e2e/cmd/nodeagent e2e/internal -name '*.go' -o -name '*.s' 2>/dev/null)
 
 e2e-bin: $(E2E_BIN)/etcd $(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler $(E2E_BIN)/kube-controller-manager \
-	$(E2E_BIN)/nodeagent $(E2E_BIN)/stubplugin $(E2E_BIN)/stubdra
+	$(E2E_BIN)/nodeagent $(E2E_BIN)/containershim $(E2E_BIN)/serviceproxy $(E2E_BIN)/stubplugin $(E2E_BIN)/stubdra
 
 e2e-go-check:
 	@$(GO) version >/dev/null 2>&1 || { echo "make e2e-bin needs Go 1.26 (https://go.dev/dl/) on PATH or GO=/path/to/go" >&2; exit 1; }
@@ -85,6 +85,14 @@ $(E2E_BIN)/etcd: $(E2E_MOD) $(wildcard e2e/cmd/etcd/*.go) | e2e-go-check
 
 $(E2E_BIN)/nodeagent: $(E2E_MOD) $(E2E_AGENT_SRC) | e2e-go-check
 	cd e2e && $(GO) build -o bin/ ./cmd/nodeagent
+	@touch $@
+
+$(E2E_BIN)/containershim: $(E2E_MOD) $(wildcard e2e/cmd/containershim/*.go e2e/internal/oci/*.go) | e2e-go-check
+	cd e2e && $(GO) build -o bin/ ./cmd/containershim
+	@touch $@
+
+$(E2E_BIN)/serviceproxy: $(E2E_MOD) $(wildcard e2e/cmd/serviceproxy/*.go e2e/internal/svcproxy/*.go) | e2e-go-check
+	cd e2e && $(GO) build -o bin/ ./cmd/serviceproxy
 	@touch $@
 
 $(E2E_BIN)/stubplugin: $(E2E_MOD) $(wildcard e2e/cmd/stubplugin/*.go) | e2e-go-check

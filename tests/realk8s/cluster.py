@@ -2,8 +2,8 @@
 
 What runs (each a local process in its own process group, logs under the cluster's directory):
 - etcd (`e2e/bin/etcd`, a single member over `embed`);
-- kube-apiserver 1.36 with `--authorization-mode=Node,RBAC`, the default admission plugins (not NodeRestriction:
-  the node agents remove their own not-ready taint), its own CA, serving and client certificates (openssl),
+- kube-apiserver 1.36 with `--authorization-mode=Node,RBAC`, the default admission plugins and NodeRestriction, as
+  every production cluster runs it, its own CA, serving and client certificates (openssl),
   service-account signing keys;
 - the project's manifests (`deploy/overlays/with-scheduler`) applied with the real kubectl, adapted only where
   loopback forces it (tests/realk8s/manifests.py says what and why);
@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,22 +58,23 @@ from tests.realk8s.agent import AgentError, NodeAgent, cleanup_node
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
-from tests.realk8s.podnetwork import PodNetwork
+from tests.realk8s.podnetwork import PodNetwork, namespaces
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
 REPO = manifests.REPO
 FAKES = REPO / "build" / "fakes"
 SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
 BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))  # REALK8S_BIN: binaries built elsewhere
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "nodeagent")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "containershim",
+            "serviceproxy")
 MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
 ANN_ALLOCATED = "gpushare.io/allocated"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # On top of kube-apiserver's default admission plugins (NamespaceLifecycle, ServiceAccount, TaintNodesByCondition,
-# Priority, DefaultTolerationSeconds, ResourceQuota, PodSecurity, the webhooks, ...). NodeRestriction is left out:
-# the node agents remove their own not-ready taint (the node lifecycle controller's job, no controller-manager
-# runs), which NodeRestriction forbids a node to do.
-EXTRA_ADMISSION_PLUGINS: tuple[str, ...] = ()
+# Priority, DefaultTolerationSeconds, ResourceQuota, PodSecurity, the webhooks, ...): NodeRestriction, so a node
+# agent may change only its own Node's status and its own pods, as a kubelet. The not-ready taint (the node
+# lifecycle controller's job: no controller-manager runs) is removed by the harness as the admin.
+EXTRA_ADMISSION_PLUGINS: tuple[str, ...] = ("NodeRestriction",)
 SERVICE_DNS = ("devplugin-scheduler.kube-system.svc", "devplugin-scheduler.kube-system.svc.cluster.local")
 
 
@@ -142,8 +144,20 @@ class Node:
         self.daemon.start()
 
     def wait_daemon_ready(self, timeout: float = 60) -> None:
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        self.daemon.wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, "ready", timeout)
+        """Until the daemon answers /readyz. A port taken between free_port() and the daemon's bind (another
+        process of the machine got it first) is replaced by a new one and the daemon started again."""
+        for attempt in range(3):
+            url = f"http://127.0.0.1:{self.health_port}/readyz"
+            try:
+                self.daemon.wait_until(lambda u=url: urllib.request.urlopen(u, timeout=2).status == 200, "ready",
+                                       timeout)
+                return
+            except ComponentFailed:
+                if attempt == 2 or "Address already in use" not in self.daemon.tail(5):
+                    raise
+            old, self.health_port = self.health_port, free_port()
+            self.daemon.cmd = [str(self.health_port) if a == str(old) else a for a in self.daemon.cmd]
+            self.daemon.start()
 
     def books(self) -> dict[str, Any]:
         """The agent's books: capacity, allocatable, healthy device IDs, and the devices of each pod's containers
@@ -175,6 +189,7 @@ class Cluster:
     scheduler_port: int = 0
     admin: Path = Path()
     admin_cert: Pair | None = None
+    sa_keys: Pair | None = None
     api_client: k8s.ApiClient | None = None
     applied: str = ""  # kubectl apply's output for the project's manifests
     etcd_url: str = ""
@@ -196,7 +211,7 @@ class Cluster:
                                   "Kubernetes takes about 5 minutes on 2 cores)")
         t0 = time.monotonic()
         pki = self.pki = make_pki(self.root / "pki")
-        sa = service_account_keys(pki.dir)
+        sa = self.sa_keys = service_account_keys(pki.dir)
         self._start_etcd()
         self._start_apiserver(pki, sa)
         self._apply_manifests(pki)
@@ -205,6 +220,7 @@ class Cluster:
         if self.spec.runtime:
             self.image_table = images.build(self.root / "images", images.default_tools())
             self.network = PodNetwork.create()
+            self._start_service_plane(pki, sa)
         self._start_nodes(pki)
         self.took = time.monotonic() - t0
         return self
@@ -364,6 +380,36 @@ class Cluster:
         for node in self.nodes:
             self.wait_node_serving(node)
 
+    def _start_service_plane(self, pki: Pki, sa: Pair) -> None:
+        """What makes Services work for pods: kube-controller-manager's endpointslice controller (its own
+        identity, each controller with its service account's credentials), the Service proxy (every ClusterIP
+        served in the pod network, default/kubernetes leading to the apiserver), and the node agents allowed to
+        read Services and EndpointSlices (the ClusterRole kube-proxy has: the agents write the Services' names into
+        their pods' hosts files)."""
+        assert self.network is not None
+        rbac = k8s.RbacAuthorizationV1Api(self.api_client)
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": "realk8s:nodes-resolve-services"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]})
+        cert = pki.issue("kube-controller-manager", "system:kube-controller-manager")
+        kc = kubeconfigs.write(pki.dir / "kube-controller-manager.kubeconfig", self.server, pki.ca.cert,
+                               "kube-controller-manager", cert=cert)
+        port = free_port()
+        kcm = self._proc("kube-controller-manager", [
+            str(BIN / "kube-controller-manager"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}", "--use-service-account-credentials=true",
+            "--controllers=endpointslice-controller", "--leader-elect=false",
+            f"--service-account-private-key-file={sa.key}", f"--root-ca-file={pki.ca.cert}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.root / 'kcm'}", "--v=1"])
+        kcm.start()
+        kcm.wait_until(lambda: _https_get(f"https://127.0.0.1:{port}/healthz", None)[0] == 200, "healthy",
+                       timeout=90)
+        proxy = self._proc("serviceproxy", [
+            str(BIN / "serviceproxy"), f"--kubeconfig={self.admin}", f"--netns={self.network.name}",
+            f"--apiserver=127.0.0.1:{self.api_port}"])
+        proxy.start().wait_for_line(r"serviceproxy: serving", timeout=60)
+
     def _runtime_args(self, i: int, driver: FakeDriver) -> list[str]:
         """The node agent's container runtime: runc, the image table, the pod network, the toolkit over the
         node's fake driver."""
@@ -504,8 +550,41 @@ class Cluster:
                                                       "data": {"ca.crt": self.pki.ca.cert.read_text()}})
         return name
 
+    def leftovers(self, uids: set[str]) -> list[str]:
+        """What the node agents' runtimes still hold of these pods: runc containers, pod directories, mounts,
+        network namespaces, container shims. Empty once the pods are gone."""
+        if not self.spec.runtime:
+            return []
+        short = {u.replace("-", "")[:12]: u for u in uids}
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        procs = {}
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    procs[d.name] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    pass
+        out = []
+        for i, node in enumerate(self.nodes):
+            listed = subprocess.run(["runc", "--root", str(node.root / "runc"), "list", "-q"], capture_output=True,
+                                    text=True).stdout.split()
+            out += [f"{node.name}: runc container {c}" for c in listed if c[:12] in short]
+            for uid in uids:
+                pod_dir = node.root / "pods" / uid
+                if pod_dir.exists():
+                    out.append(f"{node.name}: pod directory {pod_dir}")
+                out += [f"{node.name}: mount {line.split()[4]}" for line in mounts
+                        if len(line.split()) > 4 and line.split()[4].startswith(str(pod_dir))]
+                out += [f"{node.name}: process {pid} {cmd[:120]}" for pid, cmd in procs.items() if str(pod_dir) in cmd]
+            if self.network is not None:
+                out += [f"{node.name}: network namespace {n}" for n in namespaces(self.netns_prefix(i))
+                        if n[len(self.netns_prefix(i)):] in short]
+        return out
+
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
-        """Delete the namespace's pods (at once) and wait until no node agent holds any of them."""
+        """Delete the namespace's pods (at once) and wait until no node agent holds any of them, and nothing of
+        them is left on the nodes (containers, mounts, network namespaces, processes)."""
+        uids = {p.metadata.uid for p in self.core.list_namespaced_pod(ns).items}
         for pod in self.core.list_namespaced_pod(ns).items:
             try:
                 self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
@@ -514,6 +593,11 @@ class Cluster:
                     raise
         self._wait(lambda: not any(p["namespace"] == ns for b in self.books().values() for p in b["pods"]),
                    f"pods of {ns} gone from the node agents", timeout)
+        deadline = time.monotonic() + 30
+        while (left := self.leftovers(uids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if left:
+            raise ComponentFailed(f"the pods of {ns} are gone but the nodes still hold: {left}")
         self.core.delete_namespace(ns)
 
     # --- logs and teardown ---------------------------------------------------------------------------------------
@@ -530,7 +614,8 @@ class Cluster:
         if self.spec.runtime:
             for i, node in enumerate(self.nodes):
                 cleanup_node(node.root, self.netns_prefix(i) if self.network else "")
-        for name in ["kube-scheduler", "devplugin-scheduler", "kube-apiserver", "etcd"]:
+        for name in ["serviceproxy", "kube-controller-manager", "kube-scheduler", "devplugin-scheduler",
+                     "kube-apiserver", "etcd"]:
             if name in self.procs:
                 self.procs[name].stop()
         if self.network is not None:

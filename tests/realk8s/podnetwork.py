@@ -1,7 +1,8 @@
 """The test cluster's pod network: a bridge in a network namespace of the cluster's own, joined to nothing outside
 the machine. Each node agent gives its pods a namespace of their own on it (a veth pair, an address from the node's
 part of the range: e2e/internal/podnet). Pods reach each other on the bridge; the bridge's namespace holds the
-gateway address through which the Services' range is routed. No traffic leaves the machine."""
+gateway address through which the Services' range is routed; that range is local there, where the Service proxy
+(e2e/cmd/serviceproxy) listens on each ClusterIP. No traffic leaves the machine."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class PodNetwork:
             _ip("-n", net.name, "link", "add", "br0", "type", "bridge")
             _ip("-n", net.name, "addr", "add", f"{GATEWAY}/16", "dev", "br0")
             _ip("-n", net.name, "link", "set", "br0", "up")
+            # the whole service range is local in the bridge's namespace: the Service proxy listens there
+            _ip("-n", net.name, "addr", "add", SERVICE_CIDR, "dev", "lo")
         except BaseException:
             net.delete()
             raise

@@ -32,6 +32,7 @@ type options struct {
 	runtime           string
 	images            string
 	runcBinary        string
+	shimBinary        string
 	hostIP            string
 	bridgeNS          string
 	clusterCIDR       string
@@ -82,6 +83,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.runtime, "runtime", "none", "the container runtime: runc (every admitted container runs, with --kubeconfig) or none")
 	fs.StringVar(&o.images, "images", "", "the image table (JSON) the runtime resolves image references through (--runtime runc)")
 	fs.StringVar(&o.runcBinary, "runc", "runc", "the runc binary")
+	fs.StringVar(&o.shimBinary, "shim-binary", "", "the container shim (default: containershim beside this binary)")
 	fs.StringVar(&o.hostIP, "host-ip", "127.0.0.1", "the node's address (status.hostIP)")
 	fs.StringVar(&o.bridgeNS, "pod-bridge-netns", "", "the network namespace holding the pods' bridge br0 (empty: each pod gets a namespace with its loopback only)")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", "10.88.0.0/16", "every node's pod addresses: on-link on the bridge")

@@ -56,8 +56,6 @@ import (
 func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case "container-shim":
-			os.Exit(shimMain(os.Args[2:]))
 		case "cleanup":
 			os.Exit(cleanupMain(os.Args[2:]))
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/gpushare/devplugin/e2e/internal/podnet"
 	"github.com/gpushare/devplugin/e2e/internal/pods"
 	"github.com/gpushare/devplugin/e2e/internal/podworker"
+	"github.com/gpushare/devplugin/e2e/internal/servicedns"
 	"github.com/gpushare/devplugin/e2e/internal/statusmgr"
 	"github.com/gpushare/devplugin/e2e/internal/toolkit"
 )
@@ -28,10 +29,18 @@ import (
 // NVIDIA container toolkit's rules over the node's (fake) driver, whose socket it serves.
 func newRuntime(ctx context.Context, o options, root string, client kubernetes.Interface, dm *devicemanager.ManagerImpl,
 	table *pods.Table, adm *admission.Admitter, status *statusmgr.Manager) (*podworker.Runtime, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
+	shim := o.shimBinary
+	if shim == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		shim = filepath.Join(filepath.Dir(self), "containershim")
 	}
+	if _, err := os.Stat(shim); err != nil {
+		return nil, fmt.Errorf("the container shim %s: %w (build it with `make e2e-bin`, or give --shim-binary)", shim, err)
+	}
+	var err error
 	netw := &podnet.Network{BridgeNS: o.bridgeNS, Prefix: o.netnsPrefix, StateDir: filepath.Join(root, "ipam")}
 	if o.bridgeNS != "" {
 		if _, netw.Cluster, err = net.ParseCIDR(o.clusterCIDR); err != nil {
@@ -57,10 +66,14 @@ func newRuntime(ctx context.Context, o options, root string, client kubernetes.I
 			return nil, err
 		}
 	}
+	names, err := servicedns.Start(ctx, client)
+	if err != nil {
+		return nil, err
+	}
 	tk := toolkit.Config{AcceptEnvvarUnprivileged: o.acceptEnvvar, AcceptVolumeMounts: o.acceptVolumeMount}
 	return podworker.New(podworker.Config{
-		Root: root, Runc: oci.Runc{Binary: o.runcBinary, Root: filepath.Join(root, "runc")}, Self: self,
-		Images: o.images, Net: netw, Driver: driver, Toolkit: tk, CDIDirs: o.cdiDirs, Client: client,
+		Root: root, Runc: oci.Runc{Binary: o.runcBinary, Root: filepath.Join(root, "runc")}, Shim: shim,
+		Images: o.images, Net: netw, Driver: driver, Toolkit: tk, CDIDirs: o.cdiDirs, Client: client, Names: names,
 		NodeName: o.nodeName, HostIP: o.hostIP, DeviceOptions: dm.GetDeviceRunContainerOptions,
 		ClaimCDI: func(pod *v1.Pod, name string) *dra.Injected {
 			if c, ok := table.CDI(pod.UID, name).(dra.ContainerCDI); ok {
@@ -86,20 +99,6 @@ func findPod(table *pods.Table, ns, name string) (*v1.Pod, bool) {
 		}
 	}
 	return found, found != nil
-}
-
-// shimMain is `nodeagent container-shim`: one container's shim (e2e/internal/oci).
-func shimMain(args []string) int {
-	a, err := oci.ParseShimArgs(args)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "container-shim: %v\n", err)
-		return 2
-	}
-	if err := oci.RunShim(a); err != nil {
-		fmt.Fprintf(os.Stderr, "container-shim: %v\n", err)
-		return 1
-	}
-	return 0
 }
 
 // cleanupMain is `nodeagent cleanup --root DIR [--netns-prefix P] [--runc PATH]`: stop and remove every container,

@@ -73,35 +73,7 @@ func (s *Syncer) Update(ctx context.Context) error {
 	s.mu.Lock()
 	s.cached = written
 	s.mu.Unlock()
-	return s.removeNotReadyTaint(ctx)
-}
-
-// removeNotReadyTaint does what the node lifecycle controller does once a node is Ready.
-func (s *Syncer) removeNotReadyTaint(ctx context.Context) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := s.Client.CoreV1().Nodes().Get(ctx, s.Base.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		kept := cur.Spec.Taints[:0]
-		found := false
-		for _, t := range cur.Spec.Taints {
-			if t.Key == v1.TaintNodeNotReady {
-				found = true
-				continue
-			}
-			kept = append(kept, t)
-		}
-		if !found {
-			return nil
-		}
-		cur.Spec.Taints = kept
-		_, err = s.Client.CoreV1().Nodes().Update(ctx, cur, metav1.UpdateOptions{})
-		if err == nil {
-			klog.InfoS("removed the not-ready taint", "node", s.Base.Name)
-		}
-		return err
-	})
+	return nil
 }
 
 // Watch keeps the cached Node as the apiserver has it (the kubelet's node informer), until ctx ends.

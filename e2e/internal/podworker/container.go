@@ -310,7 +310,7 @@ func (w *worker) spawnShim(s oci.ShimArgs, a *attempt) error {
 		return err
 	}
 	defer shimLog.Close()
-	cmd := exec.Command(w.rt.cfg.Self, append([]string{"container-shim"}, s.Args()...)...)
+	cmd := exec.Command(w.rt.cfg.Shim, s.Args()...)
 	cmd.Stdout, cmd.Stderr = shimLog, shimLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

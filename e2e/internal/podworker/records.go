@@ -94,7 +94,7 @@ func killShims(podsDir string) {
 
 func isShim(pid int) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(data), "container-shim")
+	return err == nil && strings.Contains(string(data), "containershim")
 }
 
 // unmountUnder unmounts every mount point below dir, deepest first.

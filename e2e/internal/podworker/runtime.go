@@ -23,19 +23,22 @@ import (
 	"github.com/gpushare/devplugin/e2e/internal/dra"
 	"github.com/gpushare/devplugin/e2e/internal/oci"
 	"github.com/gpushare/devplugin/e2e/internal/podnet"
+	"github.com/gpushare/devplugin/e2e/internal/servicedns"
 	"github.com/gpushare/devplugin/e2e/internal/toolkit"
 )
 
 // Config is the node's container runtime.
 type Config struct {
-	Root     string // the node's directory: pods/<uid>/ holds each pod's sandbox, volumes and containers
-	Runc     oci.Runc
-	Self     string // this binary, run as `container-shim` for each container
-	Images   string // the image table file
-	Net      *podnet.Network
-	Driver   *toolkit.Driver // nil: the node has no GPU driver to inject
-	Toolkit  toolkit.Config
-	CDIDirs  []string
+	Root    string // the node's directory: pods/<uid>/ holds each pod's sandbox, volumes and containers
+	Runc    oci.Runc
+	Shim    string // the containershim binary, run for each container
+	Images  string // the image table file
+	Net     *podnet.Network
+	Driver  *toolkit.Driver // nil: the node has no GPU driver to inject
+	Toolkit toolkit.Config
+	CDIDirs []string
+	// Names resolves the cluster's Services in the pods' hosts files (nil: no Service names).
+	Names    *servicedns.Names
 	Client   kubernetes.Interface
 	NodeName string
 	HostIP   string

@@ -53,6 +53,7 @@ func (w *worker) setUpSandbox(ctx context.Context) error {
 		return err
 	}
 	w.volumes = vols
+	w.hostsGen = w.rt.cfg.Names.Generation()
 	if err := os.WriteFile(w.hostsFile(), []byte(w.hostsContent()), 0o644); err != nil {
 		return err
 	}
@@ -81,7 +82,26 @@ func (w *worker) hostsContent() string {
 	for _, a := range pod.Spec.HostAliases {
 		fmt.Fprintf(&b, "\n# Entries added by HostAliases.\n%s\t%s\n", a.IP, strings.Join(a.Hostnames, "\t"))
 	}
+	if lines := w.rt.cfg.Names.HostsLines(pod.Namespace); lines != "" {
+		b.WriteString("\n# The cluster's Services (what the cluster DNS would answer).\n" + lines)
+	}
 	return b.String()
+}
+
+// refreshHosts rewrites the pod's hosts file in place (its containers see it through a bind mount) when the
+// cluster's Services changed.
+func (w *worker) refreshHosts() {
+	gen := w.rt.cfg.Names.Generation()
+	if !w.sandboxReady || gen == w.hostsGen {
+		return
+	}
+	w.hostsGen = gen
+	f, err := os.OpenFile(w.hostsFile(), os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.WriteString(w.hostsContent())
 }
 
 func (w *worker) tearDownSandbox(ctx context.Context) {

@@ -53,6 +53,7 @@ type worker struct {
 	terminal     v1.PodPhase
 	terminalDone bool
 	last         *v1.PodStatus
+	hostsGen     uint64
 	conds        map[v1.PodConditionType]condState
 }
 
@@ -181,6 +182,7 @@ func (w *worker) sync(ctx context.Context) {
 		}
 		w.sandboxReady, w.sandboxErr = true, nil
 	}
+	w.refreshHosts()
 	initsDone := true
 	for _, c := range w.ctrs {
 		if !c.init {
