@@ -47,7 +47,11 @@ struct fake_ctx {
     int device;   /* CUDA ordinal */
     int primary;  /* 1 for the device's primary context */
     int refcount; /* primary: retains; others: 1 */
+    unsigned long long id; /* unique in the process, never reused (cuCtxGetId, the context table's slot 4) */
 };
+
+/* A new context id: 1, 2, ... in the order contexts are made, as the driver numbers them. */
+unsigned long long fake_ctx_next_id(void);
 
 struct fake_device {
     int slot; /* the GPU's entry in the state file (its config line's slot=, by default its line index) */

@@ -68,7 +68,7 @@ CUresult impl_cuCtxGetId(CUcontext ctx, unsigned long long *id)
     struct fake_ctx *c = ctx ? (struct fake_ctx *)ctx : fake_current;
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *id = (unsigned long long)(uintptr_t)c;
+    *id = c->id;
     return CUDA_SUCCESS;
 }
 FAKE_EXPORT(cuCtxGetId)

@@ -7,6 +7,7 @@
  *   42d85a81  tools TLS: 2 the calling thread's current context
  *   263e8860  context checks: 2 (ctx, flags, detail), 3 ()
  *   d4082055  the integrity check (fake_cuda_integrity.c)
+ *   21318c60  context: 4 a number that identifies a context (fake_cuda_export_context.c; cuBLASLt's GEMMs)
  * Any other UUID is answered CUDA_ERROR_NOT_FOUND, which the runtime takes as "not offered" (NOT_SUPPORTED would
  * make every runtime call fail). Unreached slots answer CUDA_ERROR_NOT_SUPPORTED instead of jumping to 0. */
 #include <pthread.h>
@@ -228,6 +229,8 @@ static const struct {
      ctx_checks_table},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
      integrity_table},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+     fake_export_context_table},
 };
 
 CUresult impl_cuGetExportTable(const void **table, const CUuuid *id)

@@ -12,6 +12,8 @@
 
 const void *fake_export_cudart_table(void);
 const void *fake_export_integrity_table(void);
+/* The context table, 21318c60 (fake_cuda_export_context.c). */
+extern void *fake_export_context_table[];
 /* The integrity check (slot 1 of the integrity table). */
 CUresult fake_integrity_check(unsigned version, unsigned long long seconds, unsigned long long out[2]);
 void fake_md2(const void *data, size_t len, unsigned char out[16]);

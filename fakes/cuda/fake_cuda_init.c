@@ -22,6 +22,12 @@ static struct fake_ctx primary_ctx[FAKE_CUDA_MAX_DEVICES];
 static int context_charged[FAKE_CUDA_MAX_DEVICES];
 static int primary_flags[FAKE_CUDA_MAX_DEVICES];
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long last_ctx_id;
+
+unsigned long long fake_ctx_next_id(void)
+{
+    return __atomic_add_fetch(&last_ctx_id, 1, __ATOMIC_RELAXED);
+}
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 
@@ -116,7 +122,7 @@ static void do_init(void)
         return;
     }
     for (int d = 0; d < fake_device_count; d++)
-        primary_ctx[d] = (struct fake_ctx){.device = d, .primary = 1, .refcount = 0};
+        primary_ctx[d] = (struct fake_ctx){.device = d, .primary = 1, .refcount = 0, .id = fake_ctx_next_id()};
     fake_initialised = 1;
     init_result = CUDA_SUCCESS;
 }
@@ -336,7 +342,7 @@ static CUresult create_context(CUcontext *pctx, CUdevice dev)
     struct fake_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *ctx = (struct fake_ctx){.device = dev, .primary = 0, .refcount = 1};
+    *ctx = (struct fake_ctx){.device = dev, .primary = 0, .refcount = 1, .id = fake_ctx_next_id()};
     fake_current = ctx;
     *pctx = (CUcontext)ctx;
     return CUDA_SUCCESS;

@@ -22,7 +22,7 @@ struct fake_stream {
     CUgraph graph;
 };
 
-static unsigned long long next_id = 1;
+static unsigned long long next_id = 3; /* 1 and 2: the default streams' ids (attrs_of) */
 
 /* NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are the default stream. */
 static struct fake_stream *stream_of(CUstream s)

@@ -1,11 +1,12 @@
 """CuPy steps for the shim's tests (tests/test_cupy.py), run as a container's process over the fake driver: each
 argument is a step, each step prints one JSON line. Steps: init | meminfo | fill MiB | freeall | nvml |
-kernel | asyncfill MiB | ready."""
+kernel | asyncfill MiB | gemm N | gemmfor SECONDS N | ready."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import cupy as cp
 
@@ -24,6 +25,32 @@ def fill(mib: int) -> None:
             n += 1
     except cp.cuda.memory.OutOfMemoryError as e:
         out("fill", count=n, error=type(e).__name__, message=str(e))
+
+
+def gemm(n: int) -> None:
+    """An N x N float32 matmul through cuBLAS (cublasGemmEx, which runs on cuBLASLt), its operand and result held
+    until `freeall`. The fake driver runs no kernels, so the result's values mean nothing and are not reported."""
+    t0 = time.perf_counter()
+    try:
+        a = cp.ones((n, n), dtype=cp.float32)
+        c = a @ a
+        cp.cuda.Device(0).synchronize()
+    except Exception as e:  # cuBLAS, CUDA runtime or CuPy: the step reports what the user would see
+        out("gemm", ok=False, n=n, seconds=time.perf_counter() - t0, error=type(e).__name__, message=str(e))
+        return
+    held.extend((a, c))
+    out("gemm", ok=True, n=n, shape=list(c.shape), seconds=time.perf_counter() - t0)
+
+
+def gemm_for(seconds: float, n: int) -> None:
+    """N x N float32 matmuls queued back to back for about `seconds`, then waited for."""
+    a = cp.ones((n, n), dtype=cp.float32)
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ a
+        count += 1
+    cp.cuda.Device(0).synchronize()
+    out("gemmfor", count=count, seconds=time.perf_counter() - t0)
 
 
 def main(steps: list[str]) -> None:
@@ -59,6 +86,10 @@ def main(steps: list[str]) -> None:
             # CuPy's stream-ordered pool (cudaMallocAsync), whose limit CuPy keeps in the release threshold
             cp.cuda.set_allocator(cp.cuda.MemoryAsyncPool().malloc)
             fill(int(next(it)))
+        elif op == "gemm":
+            gemm(int(next(it)))
+        elif op == "gemmfor":
+            gemm_for(float(next(it)), int(next(it)))
         elif op == "ready":
             out(op)
             sys.stdin.readline()
