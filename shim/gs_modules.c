@@ -6,7 +6,10 @@
  * Measured across the whole GPU, the figure includes what other processes allocated or freed during the load:
  * it can err either way by that much. Libraries (cuLibraryLoadData, cuLibraryLoadFromFile: how CUDA 12/13
  * runtimes load every image a program registers, and how PyTorch loads its own) are measured the same way, and
- * cuLibraryUnload gives their charge back. */
+ * cuLibraryUnload gives their charge back; but a library belongs to no context (the driver loads it into the
+ * process's contexts, now or as they are created, or lazily at a kernel's first use), so its load needs none: it
+ * is measured on the GPU of the calling thread's current context when there is one, and otherwise passed to the
+ * driver as it is. The runtime loads every registered image that way before it makes any context current. */
 #include "gs_alloc.h"
 
 static struct gs_ptrmap gs_modules = GS_PTRMAP_INIT;
@@ -29,13 +32,33 @@ static uint64_t free_now(void)
     return free_b;
 }
 
-#define GS_MODULE_LOAD(call, mod) GS_IMAGE_LOAD(call, mod, gs_cu.cuModuleUnload, gs_modules)
-#define GS_LIBRARY_LOAD(call, lib) GS_IMAGE_LOAD(call, lib, gs_cu.cuLibraryUnload, gs_libraries)
+/* The GPU a library load is measured on (*d), or -1: nothing to measure, the driver's answer as it is. Not the
+ * one-GPU shortcut of gs_current_device: a library may be loaded while no context is current, on one GPU or on
+ * several, and with several the current device cannot be told then (the driver's answer to cuCtxGetDevice is
+ * CUDA_ERROR_INVALID_CONTEXT, which a library load must not return). */
+static CUresult library_target(int *d)
+{
+    *d = -1;
+    CUdevice dev;
+    if (GS_UNLIKELY(!gs_devices_ready()) || !gs_any_limit || !gs_cu.cuCtxGetDevice ||
+        gs_cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0 || dev >= gs_ndevs)
+        return CUDA_SUCCESS;
+    *d = dev;
+    return CUDA_SUCCESS;
+}
 
-#define GS_IMAGE_LOAD(call, mod, unload, map)                                              \
+#define GS_MODULE_LOAD(call, mod) GS_IMAGE_LOAD(gs_alloc_target, call, mod, gs_cu.cuModuleUnload, gs_modules)
+#define GS_LIBRARY_LOAD(call, lib) GS_IMAGE_LOAD(library_target, call, lib, gs_cu.cuLibraryUnload, gs_libraries)
+
+/* target: the function that finds the GPU the load is measured on (gs_alloc_target's contract). */
+#define GS_IMAGE_LOAD(target, call, mod, unload, map)                                      \
     do {                                                                                   \
         int d_;                                                                            \
-        GS_ALLOC_TARGET(d_, (mod), (call));                                                \
+        CUresult t_ = target(&d_);                                                         \
+        if (t_)                                                                            \
+            return t_;                                                                     \
+        if (d_ < 0 || !(mod))                                                              \
+            return (call);                                                                 \
         int tracked_;                                                                      \
         CUresult rc_ = gs_alloc_begin(d_, 0, &tracked_);                                   \
         if (rc_ != CUDA_SUCCESS)                                                           \

@@ -65,12 +65,19 @@ def until(proc: subprocess.Popen, op: str) -> list[dict]:
     return seen
 
 
-def a100_node(tmp_path: Path) -> Node:
-    """A fake node of one A100 (40 GiB, 108 SMs, compute capability 8.0: CUDA 13 compiles for nothing older);
-    its processes' device memory holds real bytes (copies round-trip)."""
+A100_PCI_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)  # where an 8-GPU A100 server has its GPUs
+
+
+def a100_node(tmp_path: Path, gpus: int = 1) -> Node:
+    """A fake node of `gpus` A100s (40 GiB, 108 SMs, compute capability 8.0: CUDA 13 compiles for nothing older;
+    each at its own PCI location); its processes' device memory holds real bytes (copies round-trip)."""
     require_built()
-    gpu = FakeGPU(index=0, uuid=seed_uuid(0, "a100"), name="NVIDIA A100-SXM4-40GB", memory_mib=40960, minor=0,
-                  pci_bus_id="00000000:07:00.0", sms=108, compute_capability=(8, 0))
-    node = Node(FakeDriver.create(tmp_path / "node", [gpu]), tmp_path)
+    if not 1 <= gpus <= len(A100_PCI_BUSES):
+        raise ValueError(f"an A100 node has 1 to {len(A100_PCI_BUSES)} GPUs, not {gpus}")
+    node = Node(FakeDriver.create(tmp_path / "node", [
+        FakeGPU(index=i, uuid=seed_uuid(i, "a100"), name="NVIDIA A100-SXM4-40GB", memory_mib=40960, minor=i,
+                pci_bus_id=f"00000000:{bus:02X}:00.0", sms=108, compute_capability=(8, 0))
+        for i, bus in enumerate(A100_PCI_BUSES[:gpus])
+    ]), tmp_path)
     node.extra["FAKE_CUDA_HOST_BACKED"] = "1"
     return node

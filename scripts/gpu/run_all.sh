@@ -12,7 +12,7 @@ PY="${PYTHON:-python3}"
 make native >"$OUT/build.log" 2>&1 || { echo "build failed: see $OUT/build.log"; exit 1; }
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 status=0
-for script in driver_checks.py lifetime_checks.py context_charge.py spin_share.py share_containers.py torch_oom.py torch_matmul_share.py; do
+for script in driver_checks.py runtime_devices.py lifetime_checks.py context_charge.py spin_share.py share_containers.py torch_oom.py torch_matmul_share.py; do
     echo "== $script"
     "$PY" "scripts/gpu/$script"
     rc=$?

@@ -1,7 +1,8 @@
 // A CUDA runtime program for the shim's tests: each argument is a step, each step prints one JSON line.
 // Built with nvcc against static and shared cudart (tests/cuda_runtime.py); run over the fake driver, with or
-// without the shim. Steps:
-//   init | meminfo | props | alloc MiB | free | freeall | fill MiB | async MiB | freeasync | poolfill MiB
+// without the shim. Steps act on the current device (device 0 until a `device` step):
+//   init | count | device N (cudaSetDevice) | meminfo | props | alloc MiB | free | freeall | fill MiB | async MiB
+//   freeasync | poolfill MiB
 //   launchfor MS GRID | copy | nvml | vmm MiB | graph MiB | fork | threads N MiB | library MiB | ready
 //   vmmsample MiB (NVIDIA's VMM sample: each page's handle released right after mapping, until one fails)
 //   stack KiB (cudaDeviceSetLimit of the stack size, read back) | pools N MiB (N pools that keep everything, each
@@ -89,9 +90,11 @@ static void nvml_view(void)
     int (*meminfo)(void *, mem_t *) = (int (*)(void *, mem_t *))dlsym(lib, "nvmlDeviceGetMemoryInfo");
     void *dev = NULL;
     mem_t m = {0, 0, 0};
+    int current = 0;
+    cudaGetDevice(&current); /* NVML's index of the current device: the tests set no CUDA_VISIBLE_DEVICES */
     int rc = init();
     if (!rc)
-        rc = by_index(0, &dev);
+        rc = by_index((unsigned)current, &dev);
     if (!rc)
         rc = meminfo(dev, &m);
     out("nvml", rc ? cudaErrorUnknown : cudaSuccess, "\"nvml_rc\":%d,\"total\":%llu,\"free\":%llu,\"used\":%llu", rc,
@@ -108,13 +111,23 @@ int main(int argc, char **argv)
             if (e == cudaSuccess)
                 e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
             out(op, e);
+        } else if (!strcmp(op, "count")) {
+            int n = 0;
+            cudaError_t e = cudaGetDeviceCount(&n);
+            out(op, e, "\"count\":%d", n);
+        } else if (!strcmp(op, "device")) {
+            int d = atoi(argv[++i]);
+            out(op, cudaSetDevice(d), "\"device\":%d", d);
         } else if (!strcmp(op, "meminfo")) {
             size_t f = 0, t = 0;
             cudaError_t e = cudaMemGetInfo(&f, &t);
             out(op, e, "\"free\":%zu,\"total\":%zu", f, t);
         } else if (!strcmp(op, "props")) {
-            cudaDeviceProp p;
-            cudaError_t e = cudaGetDeviceProperties(&p, 0);
+            cudaDeviceProp p = {};
+            int d = 0;
+            cudaError_t e = cudaGetDevice(&d);
+            if (e == cudaSuccess)
+                e = cudaGetDeviceProperties(&p, d);
             out(op, e, "\"name\":\"%s\",\"sms\":%d,\"major\":%d,\"minor\":%d,\"total\":%zu,\"l2\":%d,\"smem_sm\":%zu",
                 p.name, p.multiProcessorCount, p.major, p.minor, p.totalGlobalMem, p.l2CacheSize,
                 p.sharedMemPerMultiprocessor);
