@@ -32,6 +32,7 @@ SETTINGS = {
 }
 # Settings the chart sets from its own values (the volumes, ports and probes use them too).
 DAEMON_BY_CHART = {"node_name", "health_port", "metrics_port", "metrics_address", "metrics_auth", "shim_lib",
+                   "toolkit_config",
                    "shim_state_dir", "state_dir", "plugin_dir", "pod_resources_socket", "log_format"}
 SCHEDULER_BY_CHART = {"address", "port", "tls_cert_file", "tls_private_key_file", "client_ca_file", "plain_http",
                       "log_format", "resource_domain", "leader_elect", "leader_elect_namespace", "leader_elect_name",

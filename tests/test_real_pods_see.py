@@ -5,8 +5,10 @@ whole, and a container granted no GPU sees none, whatever a tenant writes in its
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from kubernetes import client as k8s
 
 from tests.realk8s.cluster import Cluster
 from tests.realk8s.images import CUDA_IMAGE, WORKLOAD_IMAGE
@@ -101,3 +103,38 @@ def test_a_cpu_container_beside_a_gpu_container_sees_no_gpu(realk8s: Cluster, ns
     rec = running(realk8s, ns, "mixed")
     assert sees_slice(View(realk8s.probe(ns, "mixed", "gpu")), granted(rec, "gpu"), 4 * GiB, 20) == []
     assert sees_no_gpu(View(realk8s.probe(ns, "mixed", "cpu"))) == []
+
+
+def test_where_the_toolkit_takes_the_env_the_webhooks_void_keeps_cpu_pods_blind(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A node whose container toolkit keeps its defaults (the env names the GPUs, envvar grants): a GPU pod sees
+    its slice through its env, a CPU pod of the CUDA image sees nothing whatever it writes in its pod, and when the
+    mutating webhook did not run (here: removed by an admin) the webhook that fails closed refuses the CPU pod
+    rather than let it start unvoided."""
+    cluster = make_cluster(nodes=1, gpus=2, gpu_mib=16 * 1024, toolkit_volume_mounts=False)
+    ns = cluster.namespace()
+    cluster.core.create_namespaced_pod(ns, pod("share", [Ask(mem=4, core=30)]))
+    for body in (cpu_pod("cpu"), cpu_pod("zero", limits={"nvidia.com/gpu": "0"}),
+                 cpu_pod("keep", labels={"gpushare.io/visible-devices": "keep"})):
+        cluster.core.create_namespaced_pod(ns, body)
+    rec = running(cluster, ns, "share")
+    view = View(cluster.probe(ns, "share", "c0"))
+    assert view.env["NVIDIA_VISIBLE_DEVICES"] == granted(rec, "c0")[0]  # the envvar grant
+    assert sees_slice(view, granted(rec, "c0"), 4 * GiB, 30) == []
+    for name in ("cpu", "zero", "keep"):
+        running(cluster, ns, name)
+        seen = View(cluster.probe(ns, name, "c0"))
+        assert seen.env["NVIDIA_VISIBLE_DEVICES"] == "void", name
+        assert sees_no_gpu(seen) == [], name
+    admission = k8s.AdmissionregistrationV1Api(cluster.api_client)
+    admission.delete_mutating_webhook_configuration("devplugin-scheduler")
+    deadline = time.monotonic() + 30
+    while True:  # the apiserver's webhook configuration cache follows the deletion within a moment
+        try:
+            cluster.core.create_namespaced_pod(ns, cpu_pod(f"unvoided-{int(time.monotonic() * 1000) % 100000}"))
+        except k8s.ApiException as exc:
+            why = json.loads(exc.body)["message"]
+            break
+        assert time.monotonic() < deadline, "a CPU pod was still created unvoided 30 s after the mutating webhook went"
+        time.sleep(0.5)
+    assert 'admission webhook "void.gpushare.io" denied the request' in why, why
+    assert "asks for no GPU but is not marked NVIDIA_VISIBLE_DEVICES=void" in why, why

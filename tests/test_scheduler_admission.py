@@ -8,14 +8,14 @@ import jsonpatch
 import pytest
 
 from devplugin.contract import LABEL_ACK_MULTI_GPU, LABEL_VOID_OPT_OUT
-from devplugin.scheduler.admission import mutate, validate
+from devplugin.scheduler.admission import mutate, validate, validate_void
 from tests.scheduler_objects import MEM, container, pod
 
 LARGEST = 16
 
 
-def deny(p: dict) -> str:
-    verdict = validate(p, LARGEST)
+def deny(p: dict, namespace_opted_out: bool = False) -> str:
+    verdict = validate(p, LARGEST, namespace_opted_out=namespace_opted_out)
     assert not verdict.allowed
     return verdict.message
 
@@ -116,11 +116,56 @@ def test_containers_without_gpu_get_visible_devices_void() -> None:
     assert mutate(out) == []  # idempotent: reinvocation changes nothing
 
 
-def test_void_opt_out_per_pod_and_per_namespace() -> None:
-    p = pod(labels={LABEL_VOID_OPT_OUT: "keep"})
-    assert mutate(p) == []
+def test_only_an_admins_namespace_label_opts_out_of_the_void_never_the_pods_own() -> None:
+    assert mutate(pod(labels={LABEL_VOID_OPT_OUT: "keep"}))  # the tenant's own pod: no way out
     assert mutate(pod(), namespace_labels={LABEL_VOID_OPT_OUT: "keep"}) == []
-    assert mutate(pod(labels={LABEL_VOID_OPT_OUT: "other"}))  # only "keep" opts out
+    assert mutate(pod(), namespace_labels={LABEL_VOID_OPT_OUT: "other"})  # only "keep" opts out
+
+
+@pytest.mark.parametrize("extra", [{"nvidia.com/gpu": "0"}, {"aliyun.com/gpu-mem": "0"}, {"example.com/gpu-x": "0"},
+                                   {"aliyun.com/gpu-core.percentage": "0m"}, {"nvidia.com/gpu": "0Ki"}])
+def test_a_zero_quantity_of_a_gpu_resource_asks_for_no_gpu_and_gets_the_void(extra: dict) -> None:
+    """A zero quantity makes no device plugin call and sets no env: the container is a CPU container."""
+    p = pod(containers=[container(extra=extra)])
+    out = apply(p, mutate(p))
+    assert envs(out["spec"]["containers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert validate(out, LARGEST).allowed
+    assert validate_void(out).allowed
+    assert not validate_void(p).allowed
+
+
+def test_the_void_is_enforced_where_the_mutating_webhook_did_not_run() -> None:
+    unmarked = pod(containers=[container("cpu"), container("gpu", mem=2), container("nvidia", extra={
+        "nvidia.com/gpu": "1"})], init=[container("init")])
+    verdict = validate_void(unmarked)
+    assert not verdict.allowed and verdict.rules == ("void",)
+    assert "containers[0] 'cpu' asks for no GPU but is not marked NVIDIA_VISIBLE_DEVICES=void" in verdict.message
+    assert "initContainers[0] 'init' asks for no GPU" in verdict.message
+    assert "'gpu'" not in verdict.message and "'nvidia'" not in verdict.message
+    assert validate_void(apply(unmarked, mutate(unmarked))).allowed
+    forged = pod(containers=[container(env={"NVIDIA_VISIBLE_DEVICES": "all"})])
+    assert not validate_void(forged).allowed
+    by_ref = container()
+    by_ref["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]
+    assert not validate_void(pod(containers=[by_ref])).allowed
+
+
+def test_an_ephemeral_container_added_unmarked_is_refused_and_existing_ones_are_not_checked_again() -> None:
+    old = pod(containers=[container(mem=2)])
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "nvidia/cuda"}]
+    assert "ephemeralContainers[0] 'debug' asks for no GPU" in validate_void(new, old).message
+    assert validate_void(apply(new, mutate(new, old=old)), old).allowed
+
+
+@pytest.mark.parametrize("path", ["/var/run/nvidia-container-devices", "/var/run/nvidia-container-devices/all",
+                                  "/var/run/nvidia-container-devices/GPU-0/"])
+def test_no_container_may_mount_where_the_toolkit_reads_its_gpu_grant(path: str) -> None:
+    c = container(mem=2)
+    c["volumeMounts"] = [{"name": "null", "mountPath": path}]
+    p = pod(containers=[c])
+    msg = validate_void(p).message
+    assert f"mounts a volume at {path}" in msg and "only the GPU device plugin may put mounts there" in msg
 
 
 # --- no GPU without a grant: every container of every pod -----------------------------------------------------
@@ -168,9 +213,10 @@ def test_env_from_that_could_spell_a_reserved_name_is_refused_where_the_webhook_
         deny(pod(containers=[gpu])))
     opted = container()
     opted["envFrom"] = [source]
-    assert "envFrom" in deny(pod(containers=[opted], labels={LABEL_VOID_OPT_OUT: "keep"}))
+    assert "envFrom" in deny(pod(containers=[opted]), namespace_opted_out=True)
     # a container without a GPU gets NVIDIA_VISIBLE_DEVICES=void from the mutating webhook, and env wins over envFrom
     assert validate(pod(containers=[opted]), LARGEST).allowed
+    assert validate(pod(containers=[opted], labels={LABEL_VOID_OPT_OUT: "keep"}), LARGEST).allowed
 
 
 def test_env_from_with_a_prefix_that_cannot_spell_a_reserved_name_is_allowed() -> None:

@@ -98,8 +98,6 @@ def test_bind_refuses_what_the_filter_did_not_pass() -> None:
             return cpu  # the extender keeps GPU pods only; others are read from the apiserver
 
     cluster = Reads(st)
-    with pytest.raises(BindError, match="asks for no aliyun.com GPU resource"):
-        bind(st, cluster, "default", "cpu", cpu["metadata"]["uid"], "n1")
     gpu = pod("gpu", mem=4)
     st.upsert_pod(gpu)
     with pytest.raises(BindError, match="did not pass this extender's filter for node n1"):
@@ -110,6 +108,24 @@ def test_bind_refuses_what_the_filter_did_not_pass() -> None:
     assert cluster.bound == []
     bind(st, cluster, "default", "gpu", gpu["metadata"]["uid"], "n1")
     assert [b[:2] for b in cluster.bound] == [("default/gpu", "n1")]
+
+
+def test_a_pod_that_names_a_gpu_resource_with_zero_is_bound_as_kube_scheduler_chose() -> None:
+    """`aliyun.com/gpu-mem: 0` makes the pod the extender's in kube-scheduler's eyes (it reads names, not
+    amounts), so the bind is delegated here: it must bind it, without a GPU choice, or the pod never runs."""
+    st = state_with(node("n1", gpus=1, units=16))
+    zero = pod("zero")
+    zero["spec"]["containers"][0]["resources"] = {"limits": {"aliyun.com/gpu-mem": "0"}}
+
+    class Reads(FakeCluster):
+        def get_pod(self, namespace: str, name: str) -> dict:
+            return zero
+
+    cluster = Reads(st)
+    assert filter_nodes(st, zero, ["n1"]).passed == ["n1"]
+    got = bind(st, cluster, "default", "zero", zero["metadata"]["uid"], "n1")
+    assert got.node == "n1" and got.containers == {}
+    assert cluster.bound == [("default/zero", "n1", {})]
 
 
 def test_a_sidecar_holds_its_gpu_for_the_pods_life_a_regular_init_container_does_not() -> None:

@@ -47,10 +47,14 @@ def test_extender_config_matches_the_service_and_kube_schedulers_rules() -> None
 def test_webhooks_fail_closed_where_it_matters_and_spare_kube_system() -> None:
     validating, mutating = docs("webhooks.yaml")
     assert validating["kind"] == "ValidatingWebhookConfiguration"
-    (v,) = validating["webhooks"]
+    v, void = validating["webhooks"]
     (m,) = mutating["webhooks"]
     assert v["failurePolicy"] == "Fail" and m["failurePolicy"] == "Ignore"
-    for hook in (v, m):
+    # the void the mutating webhook adds, enforced by a webhook that fails closed over the same namespaces
+    assert void["name"] == "void.gpushare.io" and void["failurePolicy"] == "Fail"
+    assert void["clientConfig"]["service"]["path"] == "/admission/validate-void"
+    assert void["namespaceSelector"] == m["namespaceSelector"]
+    for hook in (v, void, m):
         assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
         assert 1 <= hook["timeoutSeconds"] <= 30
         assert hook["clientConfig"]["service"]["path"] in routes()

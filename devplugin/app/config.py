@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 from devplugin.allocation.node import MODES, PLACEMENTS
 from devplugin.allocation.units import MemUnit, parse_mem_unit
 from devplugin.deviceplugin.device_list import STRATEGIES
+from devplugin.deviceplugin.toolkit_config import AUTO as AUTO_STRATEGY
+from devplugin.deviceplugin.toolkit_config import DEFAULT_PATH as TOOLKIT_CONFIG
 from devplugin.gpu.health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS
 
 ENV_PREFIX = "DEVPLUGIN_"
@@ -131,10 +133,14 @@ class Config(Settings):
         "the apiserver authenticates and allows get on /metrics: TokenReview and SubjectAccessReview)",
         choices=METRICS_AUTH)
     device_list_strategy: str = _opt(
-        "envvar", "how a container is told its GPUs: envvar (NVIDIA_VISIBLE_DEVICES=<UUIDs>), volume-mounts (a "
-        "mount per GPU under /var/run/nvidia-container-devices; a pod's own env then grants nothing) or cdi-cri (CDI "
-        "device names nvidia.com/gpu=<UUID>); see docs/security.md for the container toolkit's settings",
-        choices=STRATEGIES)
+        "auto", "how a container is told its GPUs: auto (volume-mounts where the node's container toolkit accepts "
+        "volume mounts, read from --toolkit-config; envvar otherwise), envvar (NVIDIA_VISIBLE_DEVICES=<UUIDs>), "
+        "volume-mounts (a mount per GPU under /var/run/nvidia-container-devices; a pod's own env then grants "
+        "nothing) or cdi-cri (CDI device names nvidia.com/gpu=<UUID>); see docs/security.md for the container "
+        "toolkit's settings", choices=(AUTO_STRATEGY, *STRATEGIES))
+    toolkit_config: str = _opt(
+        TOOLKIT_CONFIG, "the node's NVIDIA container toolkit config (mounted read-only): what it accepts as a GPU "
+        "grant decides --device-list-strategy auto")
     shim: str = _opt("auto", "mount the isolation shim into shared containers: auto (when --shim-lib exists), "
                      "on, off", choices=("auto", "on", "off"))
     shim_lib: str = _opt("/usr/local/gpushare/lib/libgpushare.so", "host path of the shim library")

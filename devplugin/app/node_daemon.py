@@ -18,6 +18,7 @@ from devplugin.allocation.ports import MountProvider, Reporter
 from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import check_message_size
 from devplugin.app.config import Config
+from devplugin.deviceplugin import toolkit_config
 from devplugin.deviceplugin.daemon import Daemon
 from devplugin.deviceplugin.devices import DeviceBoard
 from devplugin.gpu.health import HealthWatcher
@@ -162,8 +163,13 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     if metrics is not None:
         allocator.on_lookup = metrics.lookup
         metrics.prepare([node.resource_name(k) for k in node.kinds])
+    choice = toolkit_config.choose(cfg.device_list_strategy, toolkit_config.read(cfg.toolkit_config))
+    log.info("device-list strategy %s", choice.strategy, extra={"fields": {
+        "requested": cfg.device_list_strategy, "toolkit_config": cfg.toolkit_config}})
+    for warning in choice.warnings:
+        log.warning("%s", warning, extra={"fields": {"toolkit_config": cfg.toolkit_config}})
     daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync, observer=metrics,
-                    device_list_strategy=cfg.device_list_strategy)
+                    device_list_strategy=choice.strategy)
 
     def health_changed(uuid: str, healthy: bool, reason: str) -> bool:
         changed = board.set_health(uuid, healthy, reason)

@@ -22,6 +22,7 @@ from devplugin.app.endpoints import start_endpoints, stop_endpoints
 from devplugin.app.metrics import NodeMetrics
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
 from devplugin.contract import ALLOCATION_DRA, LABEL_ALLOCATION, LABEL_MODE, LABEL_PLACEMENT
+from devplugin.deviceplugin import toolkit_config
 from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
@@ -218,6 +219,7 @@ class Supervisor:
 def run(cfg: Config) -> int:
     """Serve until SIGTERM or SIGINT; exit code 0 on a clean stop, 2 on a configuration error."""
     try:
+        toolkit_config.choose(cfg.device_list_strategy, toolkit_config.read(cfg.toolkit_config))  # refused now
         gpus = enumerate_gpus()
         mounts = shim_mounts(cfg)
     except (NvmlUnavailable, ValueError) as exc:

@@ -2,8 +2,12 @@
 
 validate: what the node daemon could not honour, refused at the door with what to change.
 mutate: containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void, so a CUDA image's `all` does not show
-every GPU of the node to a CPU container; opt out with the label gpushare.io/visible-devices=keep on the pod
-(or on its namespace: the webhook configuration's namespaceSelector leaves such namespaces out).
+every GPU of the node to a CPU container. A container asks for a GPU only with a non-zero quantity of a GPU
+resource (a zero makes no device plugin call and sets no env). Only a cluster admin can opt out, by labelling a
+namespace gpushare.io/visible-devices=keep (the webhook configurations' namespaceSelector leaves it out); nothing a
+tenant writes in its pod does.
+validate_void: the same rule checked by a webhook that fails closed, so a CPU container cannot be created without
+the void when the mutating webhook (which fails open) did not run.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from devplugin.contract import (
     LABEL_VOID_OPT_OUT,
     VOID_OPT_OUT_VALUE,
 )
+from devplugin.deviceplugin.device_list import VOLUME_MOUNT_ROOT
 
 VOID = "void"
 # The env names the node daemon owns: a GPU is granted (and limited) through them, so no container of any pod,
@@ -85,7 +90,6 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
     NVIDIA_VISIBLE_DEVICES=void covers them (an `env` entry wins over `envFrom`). Past the first
     MAX_LISTED_PROBLEMS, a problem is counted as UNLISTED (''), its text not written."""
     problems: list[str] = []
-    pod_opted_out = opted_out(pod) or namespace_opted_out
     for field_name, i, spec in _containers(pod, CONTAINER_FIELDS):
         where = f"{field_name}[{i}] {clip(str(spec.get('name', '')))!r}"
         ours = _asks_ours(spec, domain)
@@ -103,7 +107,7 @@ def env_problems(pod: Mapping, namespace_opted_out: bool = False, domain: str = 
                 continue
             problems.append(f"{where}: sets env {clip(name)}, which only the node daemon may set (it grants and "
                             "limits GPUs); remove it from the pod spec")
-        voided = not ours and not pod_opted_out
+        voided = not ours and not namespace_opted_out
         for src in spec.get("envFrom") or []:
             if not isinstance(src, Mapping):
                 continue
@@ -135,10 +139,27 @@ def validate_update(pod: Mapping, old: Mapping, domain: str = DEFAULT_RESOURCE_D
     return Verdict(True)
 
 
-def _asks_ours(spec: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> bool:
+def _asked(spec: Mapping) -> dict[str, object]:
+    """The extended resources a container asks for with a non-zero quantity (limits, then requests): a zero (`0`,
+    `0m`, `0Ki`) makes no device plugin call and sets no env, so it asks for nothing. A quantity the bounded
+    reader refuses counts as asked (the apiserver has already refused the truly malformed ones)."""
     res = spec.get("resources") or {}
-    keys = list((res.get("limits") or {}).keys()) + list((res.get("requests") or {}).keys())
-    return any(k in resource_names(domain) for k in keys)
+    out: dict[str, object] = {}
+    for part in ("requests", "limits"):
+        for k, v in (res.get(part) or {}).items() if isinstance(res.get(part), Mapping) else ():
+            try:
+                zero = whole_quantity(v, str(k)) == 0
+            except RefusedValue:
+                zero = False
+            if zero:
+                out.pop(str(k), None)
+            else:
+                out[str(k)] = v
+    return out
+
+
+def _asks_ours(spec: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> bool:
+    return any(k in resource_names(domain) for k in _asked(spec))
 
 
 def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool = False,
@@ -223,36 +244,72 @@ def _differ(request: object, limit: object) -> bool:
 
 
 def _asks_gpu(spec: Mapping) -> bool:
-    """Any GPU-like extended resource (ours or another vendor's): leave its visible devices alone."""
-    res = spec.get("resources") or {}
-    keys = list((res.get("limits") or {}).keys()) + list((res.get("requests") or {}).keys())
-    return any("gpu" in k.lower() or k.startswith("nvidia.com/") for k in keys)
+    """A non-zero quantity of any GPU-like extended resource (ours or another vendor's): its device plugin grants
+    the GPUs, so its visible devices are left alone."""
+    return any("gpu" in k.lower() or k.startswith("nvidia.com/") for k in _asked(spec))
 
 
-def opted_out(pod: Mapping, namespace_labels: Mapping[str, str] | None = None) -> bool:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return (labels.get(LABEL_VOID_OPT_OUT) == VOID_OPT_OUT_VALUE
-            or (namespace_labels or {}).get(LABEL_VOID_OPT_OUT) == VOID_OPT_OUT_VALUE)
+def opted_out(namespace_labels: Mapping[str, str] | None) -> bool:
+    """The namespace's admin opted its pods out of the void (a pod's own labels cannot: a tenant writes them)."""
+    return (namespace_labels or {}).get(LABEL_VOID_OPT_OUT) == VOID_OPT_OUT_VALUE
+
+
+def _new_containers(pod: Mapping, old: Mapping | None) -> list[tuple[str, int, Mapping]]:
+    """The containers a CREATE brings (all of them) or an UPDATE adds (ephemeral containers not in `old`)."""
+    existing = {str(c.get("name")) for _, _, c in _containers(old, ("ephemeralContainers",))} if old else set()
+    fields = ("ephemeralContainers",) if old is not None else CONTAINER_FIELDS
+    return [(f, i, c) for f, i, c in _containers(pod, fields) if str(c.get("name")) not in existing]
+
+
+def _visible_devices(spec: Mapping) -> Mapping | None:
+    """The container's own NVIDIA_VISIBLE_DEVICES entry, if its env has one."""
+    for e in spec.get("env") or []:
+        if isinstance(e, Mapping) and e.get("name") == ENV_NVIDIA_VISIBLE_DEVICES:
+            return e
+    return None
 
 
 def mutate(pod: Mapping, namespace_labels: Mapping[str, str] | None = None, old: Mapping | None = None) -> list[dict]:
     """JSON Patch (RFC 6902) setting NVIDIA_VISIBLE_DEVICES=void on containers that ask for no GPU and do not
-    set it themselves; [] when the pod or namespace opts out. Idempotent. On an UPDATE (`old` given: an ephemeral
+    set it themselves; [] when the namespace opts out. Idempotent. On an UPDATE (`old` given: an ephemeral
     container added by `kubectl debug`) only the ephemeral containers that are new are patched."""
-    if opted_out(pod, namespace_labels):
+    if opted_out(namespace_labels):
         return []
     ops: list[dict] = []
-    existing = {str(c.get("name")) for _, _, c in _containers(old, ("ephemeralContainers",))} if old else set()
-    fields = ("ephemeralContainers",) if old is not None else CONTAINER_FIELDS
-    for field_name, i, spec in _containers(pod, fields):
-        if str(spec.get("name")) in existing or _asks_gpu(spec):
+    for field_name, i, spec in _new_containers(pod, old):
+        if _asks_gpu(spec) or _visible_devices(spec) is not None:
             continue
         env = spec.get("env")
-        if any(isinstance(e, Mapping) and e.get("name") == ENV_NVIDIA_VISIBLE_DEVICES for e in env or []):
-            continue
         item = {"name": ENV_NVIDIA_VISIBLE_DEVICES, "value": VOID}
         if env is None:
             ops.append({"op": "add", "path": f"/spec/{field_name}/{i}/env", "value": [item]})
         else:
             ops.append({"op": "add", "path": f"/spec/{field_name}/{i}/env/-", "value": item})
     return ops
+
+
+def validate_void(pod: Mapping, old: Mapping | None = None) -> Verdict:
+    """Every new container that asks for no GPU carries NVIDIA_VISIBLE_DEVICES with a value that grants nothing
+    (the mutating webhook's void), and no container of any pod mounts anything where the toolkit's volume-mounts
+    strategy reads its grant (only a device plugin's AllocateResponse may put mounts there). Called by a webhook
+    that fails closed and leaves out only the namespaces an admin opted out, as the mutating one does."""
+    problems: list[str] = []
+    for field_name, i, spec in _new_containers(pod, old):
+        where = f"{field_name}[{i}] {clip(str(spec.get('name', '')))!r}"
+        for vm in spec.get("volumeMounts") or []:
+            path = str(vm.get("mountPath", "")) if isinstance(vm, Mapping) else ""
+            if path.rstrip("/") == VOLUME_MOUNT_ROOT or path.startswith(VOLUME_MOUNT_ROOT + "/"):
+                problems.append(f"{where}: mounts a volume at {clip(path)}, where the NVIDIA container toolkit reads "
+                                "which GPUs a container is granted; only the GPU device plugin may put mounts there: "
+                                "remove the volumeMount and ask for a GPU resource instead")
+        if _asks_gpu(spec):
+            continue
+        e = _visible_devices(spec)
+        value = None if e is None or "valueFrom" in e else str(e.get("value", "")).strip().lower()
+        if value not in NO_GPU_VALUES:
+            problems.append(f"{where} asks for no GPU but is not marked {ENV_NVIDIA_VISIBLE_DEVICES}=void: the "
+                            "mutating webhook visible-devices.gpushare.io did not run (is the devplugin-scheduler "
+                            "service up?); create the pod again, or set the env yourself")
+    if problems:
+        return Verdict(False, _listed(problems), rules=("void",))
+    return Verdict(True)

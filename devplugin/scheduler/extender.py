@@ -172,9 +172,13 @@ def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: 
         raise BindError(f"pod {namespace}/{name}: {exc}") from None
     if pod.node_name:  # an earlier bind whose answer was lost: what it holds stays as the watch shows it
         raise BindError(f"pod {pod.key} is already bound to node {pod.node_name}")
-    if not pod.gpu_containers:  # kube-scheduler sends only pods that ask for a managed resource
-        raise BindError(f"pod {pod.key} asks for no {state.domain} GPU resource; this extender binds only the pods "
-                        "it filtered (kube-scheduler binds the others itself)")
+    if not pod.gpu_containers:
+        # It names a managed resource with a zero quantity only (`aliyun.com/gpu-mem: 0`): kube-scheduler, for
+        # which the pod is this extender's (IsInterested reads names, not amounts), leaves the bind to it. There
+        # is nothing to place: the pod is bound as kube-scheduler chose, without a GPU choice.
+        _write(cluster, pod, node, None)
+        log.info("bound to %s (it asks for no GPU)", node, extra={"fields": {"pod": pod.key, "node": node}})
+        return PodAssignment(node=node, time_ns=time.time_ns(), containers={})
     if not state.passed_filter(pod.uid, node):
         raise BindError(f"pod {pod.key} did not pass this extender's filter for node {node} (or that was more than "
                         f"{state.assume_ttl_s:.0f} s ago); kube-scheduler filters again and retries")

@@ -357,6 +357,26 @@ def validate_endpoint(svc: Service, body: Body) -> Response:
     return _json(AdmissionReviewResponse(response=resp))
 
 
+def validate_void_endpoint(svc: Service, body: Body) -> Response:
+    """The void rule, failing closed: a CPU container cannot be created unmarked when the mutating webhook (which
+    fails open) did not run. Registered with the mutating webhook's namespaceSelector."""
+    review, pod, too_large = _review(svc, body)
+    uid = review.request.uid
+    if pod is None or review.request.operation not in ("CREATE", "UPDATE"):
+        svc.metrics.review("validate-void", "allowed")
+        return _json(AdmissionReviewResponse(response=AdmissionResponse(uid=uid, allowed=True)))
+    if too_large:
+        return _too_large(svc, "validate-void", review, pod, too_large)
+    old = (review.request.oldObject or {}) if review.request.operation == "UPDATE" else None
+    verdict = admission.validate_void(pod, old)
+    svc.metrics.review("validate-void", "allowed" if verdict.allowed else "denied", verdict.rules)
+    resp = AdmissionResponse(uid=uid, allowed=verdict.allowed)
+    if not verdict.allowed:
+        resp.status = Status(code=403, reason="Forbidden", message=verdict.message)
+        log.info("pod denied: %s", verdict.message, extra={"fields": {"pod": _who(review, pod), "webhook": "void"}})
+    return _json(AdmissionReviewResponse(response=resp))
+
+
 def mutate_endpoint(svc: Service, body: Body) -> Response:
     review, pod, too_large = _review(svc, body)
     uid = review.request.uid
@@ -402,6 +422,7 @@ def build_app(svc: Service) -> Starlette:
         Route(f"{EXTENDER_PREFIX}/bind", _handler(svc, bind_endpoint, True), methods=["POST"]),
         Route("/admission/validate", _review_handler(svc, validate_endpoint), methods=["POST"]),
         Route("/admission/mutate", _review_handler(svc, mutate_endpoint), methods=["POST"]),
+        Route("/admission/validate-void", _review_handler(svc, validate_void_endpoint), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

@@ -28,6 +28,8 @@ _ROUTES: list[tuple[str, type[BaseModel], Any, str]] = [
     ("/scheduler/bind", ExtenderBindingArgs, ExtenderBindingResult, "scheduler extender: choose GPUs and bind"),
     ("/admission/validate", AdmissionReview, AdmissionReviewResponse, "validating admission webhook"),
     ("/admission/mutate", AdmissionReview, AdmissionReviewResponse, "mutating admission webhook"),
+    ("/admission/validate-void", AdmissionReview, AdmissionReviewResponse,
+     "validating admission webhook: CPU containers carry the mutating webhook's void"),
 ]
 
 

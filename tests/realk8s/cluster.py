@@ -90,8 +90,11 @@ class Spec:
     extender: bool = True  # kube-scheduler calls `devplugin scheduler`; False: the plain kube-scheduler
     status_period: str = "10s"  # the node agents' status period (the kubelet's nodeStatusUpdateFrequency)
     runtime: bool = True  # the node agents run the pods' containers (runc); False: pods are Running at admission
-    device_list_strategy: str = "envvar"  # the node daemons' --device-list-strategy
-    toolkit_volume_mounts: bool = False  # the toolkit takes the device list from volume mounts, not the env
+    device_list_strategy: str = "auto"  # the node daemons' --device-list-strategy
+    # The nodes' NVIDIA container toolkit: True, the secure setting (the device list from volume mounts, a pod's
+    # NVIDIA_VISIBLE_DEVICES ignored); False, the toolkit's defaults (the env names the GPUs: only the webhooks'
+    # void guards CPU containers). The node agents play it; the daemons read it from its config file.
+    toolkit_volume_mounts: bool = True
     crash_backoff: str = "10s"  # the node agents' first crash-loop back-off
 
 
@@ -358,6 +361,7 @@ class Cluster:
                 "--pod-resources-socket", str(root / "pod-resources" / "kubelet.sock"),
                 "--mode", self.spec.mode, *self._shim_args(), "--state-dir", str(root / "state"),
                 "--device-list-strategy", self.spec.device_list_strategy,
+                "--toolkit-config", str(self._toolkit_config(root)),
                 "--shim-state-dir", str(root / "shim"), "--health-port", str(health)],
                 env={**os.environ, **driver.env()})
             self.nodes.append(Node(name, root, driver, agent, daemon, health))
@@ -409,6 +413,15 @@ class Cluster:
             str(BIN / "serviceproxy"), f"--kubeconfig={self.admin}", f"--netns={self.network.name}",
             f"--apiserver=127.0.0.1:{self.api_port}"])
         proxy.start().wait_for_line(r"serviceproxy: serving", timeout=60)
+
+    def _toolkit_config(self, root: Path) -> Path:
+        """The node's NVIDIA container toolkit config (what its node agent plays), for its daemon to read."""
+        path = root / "nvidia-container-runtime" / "config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mounts = self.spec.toolkit_volume_mounts
+        path.write_text(f"accept-nvidia-visible-devices-envvar-when-unprivileged = {str(not mounts).lower()}\n"
+                        f"accept-nvidia-visible-devices-as-volume-mounts = {str(mounts).lower()}\n")
+        return path
 
     def _runtime_args(self, i: int, driver: FakeDriver) -> list[str]:
         """The node agent's container runtime: runc, the image table, the pod network, the toolkit over the
