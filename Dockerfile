@@ -6,9 +6,14 @@
 #
 # Both stages use Debian 12 (bookworm), the toolchain the shim is developed and tested with (gcc 12, -Werror). The
 # shim still loads in containers with glibc down to 2.17 (shim/gs_glibc_compat.h).
+#
+# BASE is both stages' base image. Another base must be Debian 12 with Python 3.11 as `python` and `pip` first on
+# PATH, as the default is; the tests build the image from a base made of Debian's own packages
+# (tests/realk8s/product_image.py):  docker build --build-arg BASE=<that base> .
+ARG BASE=python:3.11-slim-bookworm
 
 # ---- build: the shim library and the product's wheel -------------------------------------------------------------
-FROM python:3.11-slim-bookworm AS build
+FROM ${BASE} AS build
 # Debian's package versions move under a fixed base tag, so pinned versions would break the build; the base image
 # tag fixes the distribution release, and these packages never reach the runtime stage.
 # hadolint ignore=DL3008
@@ -20,16 +25,17 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY devplugin/ devplugin/
 COPY shim/ shim/
-# The shim's contract header is generated from devplugin/contract.py, the one source of the env, mount and
-# limits-file names. `lib` is the library alone, as shipped (it ignores GPUSHARE_REAL_LIBCUDA / _LIBNVML, which
-# only the tests' build honours): the shim's test programs need the fake driver (fakes/), which has no place in
-# the image. The wheel holds the `devplugin` package only (pyproject.toml).
-RUN python -m devplugin.contract > shim/gpushare_contract.h \
-    && make -C shim BUILD=/src/out lib \
+# The shim's contract header, shim/gpushare_contract.h, is generated from devplugin/contract.py (the one source of
+# the env, mount and limits-file names) by `make contract`, and tests/test_generated_code.py fails while it is
+# stale: the build compiles the header as copied, so this stage needs none of the package's dependencies. `lib` is
+# the library alone, as shipped (it ignores GPUSHARE_REAL_LIBCUDA / _LIBNVML, which only the tests' build
+# honours): the shim's test programs need the fake driver (fakes/), which has no place in the image. The wheel
+# holds the `devplugin` package only (pyproject.toml).
+RUN make -C shim BUILD=/src/out lib \
     && pip wheel --no-cache-dir --no-deps -w /src/out/wheels .
 
 # ---- runtime: Python, the installed wheel and the shim; no compilers ----------------------------------------------
-FROM python:3.11-slim-bookworm
+FROM ${BASE}
 LABEL org.opencontainers.image.title="gpushare-devplugin" \
       org.opencontainers.image.description="Share GPUs between Kubernetes pods: node daemon, isolation shim, scheduler extender and webhooks" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -39,7 +39,7 @@ $(BUILD)/bin/.helm-$(HELM_VERSION):
 	GOBIN=$(abspath $(BUILD))/bin GOFLAGS=-mod=mod go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	touch $@
 
-test: all helm e2e-bin
+test: all helm e2e-bin realk8s-tools
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
@@ -102,6 +102,21 @@ $(E2E_BIN)/stubplugin: $(E2E_MOD) $(wildcard e2e/cmd/stubplugin/*.go) | e2e-go-c
 $(E2E_BIN)/stubdra: $(E2E_MOD) $(wildcard e2e/cmd/stubdra/*.go) | e2e-go-check
 	cd e2e && $(GO) build -o bin/ ./cmd/stubdra
 	@touch $@
+
+# The container tools of the realk8s tests: runc runs the pods' containers (the node agent's --runtime runc),
+# mmdebstrap and buildah build the product's image from the Dockerfile (tests/realk8s/product_image.py). Installed
+# with apt-get when missing (as root); otherwise the message says what to install.
+REALK8S_TOOLS := runc buildah mmdebstrap
+.PHONY: realk8s-tools
+realk8s-tools:
+	@missing=$$(for t in $(REALK8S_TOOLS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$t >/dev/null 2>&1 || echo $$t; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing the realk8s tests' container tools:" $$missing; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	else \
+	  echo "the realk8s tests need" $$missing "(they run as root): as root, apt-get install" $$missing >&2; exit 1; \
+	fi
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -4,7 +4,9 @@ without a Docker engine."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +27,7 @@ class Instruction:
 
 @dataclass
 class Stage:
-    base: str
+    base: str  # the FROM image, its build arguments substituted
     name: str | None
     instructions: list[Instruction] = field(default_factory=list)
 
@@ -38,8 +40,36 @@ class Stage:
         return found[0]
 
 
-def parse(path: Path) -> list[Stage]:
-    """The stages of the Dockerfile at `path`, in order. Comment lines (also inside continuations) are dropped."""
+def global_args(path: Path) -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults ('' when none)."""
+    found: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        keyword, _, text = line.strip().partition(" ")
+        if keyword.upper() == "FROM":
+            break
+        if keyword.upper() == "ARG":
+            name, _, default = text.strip().partition("=")
+            found[name] = default
+    return found
+
+
+def substitute(text: str, args: Mapping[str, str], where: str) -> str:
+    """`${NAME}` and `$NAME` replaced by the build argument's value, as FROM lines are."""
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in args, f"{where}: ${name} is no ARG declared before the first FROM"
+        return args[name]
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, text)
+
+
+def parse(path: Path, build_args: Mapping[str, str] | None = None) -> list[Stage]:
+    """The stages of the Dockerfile at `path`, in order, their bases with the ARGs declared before the first FROM
+    substituted (their defaults, or `build_args` as `--build-arg` gives them). Comment lines (also inside
+    continuations) are dropped."""
+    declared = global_args(path)
+    unknown = set(build_args or {}) - set(declared)
+    assert not unknown, f"{path}: no ARG before the first FROM for the build arguments {sorted(unknown)}"
+    args = {**declared, **(build_args or {})}
     stages: list[Stage] = []
     pending: list[str] = []
     start = 0
@@ -59,7 +89,9 @@ def parse(path: Path) -> list[Stage]:
         if instruction.keyword == "FROM":
             words = instruction.text.split()
             name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(base=words[0], name=name))
+            stages.append(Stage(base=substitute(words[0], args, f"{path}:{start}"), name=name))
+        elif instruction.keyword == "ARG" and not stages:
+            continue  # a build argument of the FROM lines (global_args)
         else:
             assert stages, f"{path}:{number}: {keyword} before any FROM"
             stages[-1].instructions.append(instruction)
