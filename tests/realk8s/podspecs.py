@@ -120,7 +120,8 @@ def recorded(p: k8s.V1Pod) -> bool:
     on its own: a pod can be Running a moment before its record is there (longer on a loaded apiserver)."""
     raw = (p.metadata.annotations or {}).get("gpushare.io/allocated")
     want = {c.name for c in p.spec.containers
-            if any(k in ((c.resources.limits if c.resources else None) or {}) for k in (MEM, CORE, COUNT))}
+            if any(str(v) not in ("0", "0m") for k, v in ((c.resources.limits if c.resources else None) or {}).items()
+                   if k in (MEM, CORE, COUNT))}  # a zero quantity asks for nothing: no device plugin call, no record
     if not raw:
         return not want
     return want <= set(json.loads(raw).get("containers") or {})
