@@ -89,8 +89,23 @@ def test_a_whole_gpu_gets_its_gpu_and_no_shim(tmp_path: Path) -> None:
     (dev,) = make(tmp_path, store).prepare([ref])[UID1].devices
     assert dev.device == "gpu-0-whole" and dev.share_id == ""
     edits = cdi_spec(tmp_path, UID1)["devices"][0]["containerEdits"]
-    assert edits == {"env": [f"NVIDIA_VISIBLE_DEVICES={GPUS[0].uuid}", "ALIYUN_COM_GPU_MEM_IDX=0"]}
+    assert edits == {"env": [f"NVIDIA_VISIBLE_DEVICES={GPUS[0].uuid}", "ALIYUN_COM_GPU_MEM_IDX=0"],
+                     "mounts": [{"hostPath": "/dev/null",
+                                 "containerPath": f"/var/run/nvidia-container-devices/{GPUS[0].uuid}",
+                                 "options": ["ro", "nosuid", "nodev", "bind"]}]}
     assert not list((tmp_path / "shim").glob(f"containers/claim-{UID1}*"))
+
+
+def test_the_gpus_are_granted_by_a_mount_the_toolkit_trusts_as_well_as_by_env(tmp_path: Path) -> None:
+    """A node whose NVIDIA container toolkit ignores the env of unprivileged containers (its secure setting,
+    docs/security.md) reads the grant from /dev/null mounted at /var/run/nvidia-container-devices/<UUID>."""
+    store = Store()
+    ref = store.add(claim(UID1, [result("gpu-1", memory="2Gi", cores="30")]))
+    make(tmp_path, store).prepare([ref])
+    mounts = cdi_spec(tmp_path, UID1)["devices"][0]["containerEdits"]["mounts"]
+    grants = [m for m in mounts if m["containerPath"].startswith("/var/run/nvidia-container-devices/")]
+    assert grants == [{"hostPath": "/dev/null", "containerPath": f"/var/run/nvidia-container-devices/{GPUS[1].uuid}",
+                       "options": ["ro", "nosuid", "nodev", "bind"]}]
 
 
 def test_each_request_is_its_own_cdi_device_and_budget_named_once(tmp_path: Path) -> None:

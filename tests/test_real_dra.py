@@ -7,6 +7,7 @@ claim is unprepared, deallocated and deleted."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from kubernetes.utils import parse_quantity
 
 from tests.realk8s.cluster import node_gpus
 from tests.realk8s.dra_cluster import DRIVER, MODE_DRA, MODE_LABEL, SHARE_CLASS, DraCluster, DraSpec, running_dra
+from tests.realk8s.images import WORKLOAD_IMAGE
+from tests.realk8s.inside import GiB, View, sees_slice
 
 pytestmark = pytest.mark.realk8s
 
@@ -35,7 +38,8 @@ def pod_with_claim(name: str, template: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"nodeSelector": {MODE_LABEL: MODE_DRA},
                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                     "containers": [{"name": "c0", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}}
+                     "containers": [{"name": "c0", "image": WORKLOAD_IMAGE,
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
 def running_pod(c: DraCluster, ns: str, name: str) -> k8s.V1Pod:
@@ -98,6 +102,15 @@ def test_template_claim_allocated_prepared_injected_then_freed(dra_cluster: DraC
     mounts = {m["containerPath"]: m["hostPath"] for m in ctr["cdi"]["injected"]["mounts"]}
     limits = mounts["/etc/gpushare/limits"]
     assert f"claim-{claim_uid}-0" in limits and open(limits).read()
+
+    # what the workload sees inside the container: exactly that GPU at 2 GiB in NVML, nvidia-smi and NVIDIA's
+    # runtime, the shim preloaded at 30 % (the grant read by the toolkit from the spec's mount, not from the env)
+    view = View(c.probe(dra_ns, "p", "c0"))
+    assert sees_slice(view, [gpu.uuid], 2 * GiB, 30) == []
+    fill = c.exec(dra_ns, "p", "c0", ["/opt/gpushare-test/rt_probe_static", "init", "fill", "256"])
+    steps = [json.loads(line) for line in fill["stdout"].splitlines() if line.startswith("{")]
+    (filled,) = [st for st in steps if st["op"] == "fill"]
+    assert filled["error"] == "cudaErrorMemoryAllocation" and filled["count"] == 7, filled  # 7 x 256 MiB + context
 
     # the pod goes: the agent unprepares (the spec is gone), KCM deallocates and deletes the generated claim
     c.core.delete_namespaced_pod("p", dra_ns)

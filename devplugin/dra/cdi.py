@@ -14,6 +14,7 @@ from pathlib import Path
 from devplugin import contract
 from devplugin.allocation.ports import MountSpec
 from devplugin.atomic_file import write_atomically
+from devplugin.deviceplugin.device_list import VOLUME_MOUNT_HOST_PATH, VOLUME_MOUNT_ROOT
 from devplugin.dra.claims import GpuBudget
 
 CDI_VERSION = "0.6.0"
@@ -56,13 +57,22 @@ def claim_env(budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict
     return env
 
 
+def grant_mounts(budgets: Sequence[GpuBudget]) -> list[MountSpec]:
+    """The GPUs granted the way NVIDIA's container toolkit reads a grant it trusts: `/dev/null` mounted at
+    /var/run/nvidia-container-devices/<GPU UUID> (its volume-mounts device list). A node whose toolkit takes the
+    grant from mounts (`accept-nvidia-visible-devices-as-volume-mounts = true` and the env of unprivileged
+    containers ignored, docs/security.md) gives the container exactly these GPUs; a toolkit of its defaults reads
+    the same GPUs from NVIDIA_VISIBLE_DEVICES, which the device also sets."""
+    return [MountSpec(f"{VOLUME_MOUNT_ROOT}/{b.gpu.uuid}", VOLUME_MOUNT_HOST_PATH, True) for b in budgets]
+
+
 def device_spec(name: str, budgets: Sequence[GpuBudget], mounts: Sequence[MountSpec]) -> dict[str, object]:
-    """One CDI device: the env and mounts of one request of a claim."""
+    """One CDI device: the env and mounts of one request of a claim, and its GPUs' grant by mounts."""
     env = claim_env(budgets, mounts)
     edits: dict[str, object] = {"env": [f"{k}={v}" for k, v in env.items()]}
-    if mounts:
-        edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
-                            "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]} for m in mounts]
+    edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
+                        "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
+                       for m in [*mounts, *grant_mounts(budgets)]]
     return {"name": name, "containerEdits": edits}
 
 

@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,16 +52,17 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
-from tests.realk8s import books, images, kubeconfigs, manifests
-from tests.realk8s.agent import AgentError, NodeAgent, cleanup_node
+from tests.realk8s import books, kubeconfigs, manifests
+from tests.realk8s.agent import NodeAgent, cleanup_node
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
-from tests.realk8s.podnetwork import PodNetwork, namespaces
+from tests.realk8s.node_runtime import NodeRuntime
+from tests.realk8s.pod_access import PodAccess
+from tests.realk8s.podnetwork import PodNetwork
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
 REPO = manifests.REPO
-FAKES = REPO / "build" / "fakes"
 SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
 BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))  # REALK8S_BIN: binaries built elsewhere
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "containershim",
@@ -179,8 +179,9 @@ class Node:
 
 
 @dataclass
-class Cluster:
-    """The components, their identities and the admin's client."""
+class Cluster(PodAccess):
+    """The components, their identities and the admin's client; `exec`, `container_logs` and `probe` look inside
+    its pods."""
 
     root: Path
     spec: Spec
@@ -203,8 +204,7 @@ class Cluster:
     took: float = 0.0  # seconds the bring-up took
     objects: list[dict[str, Any]] = field(default_factory=list)  # the project's manifests as applied
     service_args: list[str] = field(default_factory=list)  # the Deployment's `devplugin scheduler` arguments
-    image_table: Path = Path()  # the node agents' image table (tests/realk8s/images.py)
-    network: PodNetwork | None = None
+    runtime: NodeRuntime | None = None  # what the node agents run pods with (images, pod network, toolkit)
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> Cluster:
@@ -221,8 +221,8 @@ class Cluster:
         self._start_extender(pki)
         self._start_scheduler(pki, self.spec.extender)
         if self.spec.runtime:
-            self.image_table = images.build(self.root / "images", images.default_tools())
-            self.network = PodNetwork.create()
+            self.runtime = NodeRuntime.create(self.root, volume_mounts=self.spec.toolkit_volume_mounts,
+                                              crash_backoff=self.spec.crash_backoff)
             self._start_service_plane(pki, sa)
         self._start_nodes(pki)
         self.took = time.monotonic() - t0
@@ -351,7 +351,8 @@ class Cluster:
                                         cert=cert)
             agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
                               extra_args=["--status-period", self.spec.status_period,
-                                          "--control-addr", "127.0.0.1:0", *self._runtime_args(i, driver)],
+                                          "--control-addr", "127.0.0.1:0",
+                                          *(self.runtime.agent_args(i, driver) if self.runtime else [])],
                               binary_dir=BIN)
             daemon_kc = root / "gpushare-devplugin.kubeconfig"  # written once the Node exists (below)
             health = free_port()
@@ -361,7 +362,7 @@ class Cluster:
                 "--pod-resources-socket", str(root / "pod-resources" / "kubelet.sock"),
                 "--mode", self.spec.mode, *self._shim_args(), "--state-dir", str(root / "state"),
                 "--device-list-strategy", self.spec.device_list_strategy,
-                "--toolkit-config", str(self._toolkit_config(root)),
+                *(["--toolkit-config", str(self.runtime.toolkit_config(root))] if self.runtime else []),
                 "--shim-state-dir", str(root / "shim"), "--health-port", str(health)],
                 env={**os.environ, **driver.env()})
             self.nodes.append(Node(name, root, driver, agent, daemon, health))
@@ -386,7 +387,8 @@ class Cluster:
 
     def _start_service_plane(self, pki: Pki, sa: Pair) -> None:
         """What makes Services work for pods: kube-controller-manager's endpointslice controller (its own
-        identity, each controller with its service account's credentials), the Service proxy (every ClusterIP
+        identity, each controller with its service account's credentials; with the root CA publisher, which puts
+        kube-root-ca.crt in every namespace for the pods' service-account volumes), the Service proxy (every ClusterIP
         served in the pod network, default/kubernetes leading to the apiserver), and the node agents allowed to
         read Services and EndpointSlices (the ClusterRole kube-proxy has: the agents write the Services' names into
         their pods' hosts files)."""
@@ -403,7 +405,7 @@ class Cluster:
         kcm = self._proc("kube-controller-manager", [
             str(BIN / "kube-controller-manager"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}", "--use-service-account-credentials=true",
-            "--controllers=endpointslice-controller", "--leader-elect=false",
+            "--controllers=endpointslice-controller,root-ca-certificate-publisher-controller", "--leader-elect=false",
             f"--service-account-private-key-file={sa.key}", f"--root-ca-file={pki.ca.cert}",
             "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.root / 'kcm'}", "--v=1"])
         kcm.start()
@@ -414,35 +416,13 @@ class Cluster:
             f"--apiserver=127.0.0.1:{self.api_port}"])
         proxy.start().wait_for_line(r"serviceproxy: serving", timeout=60)
 
-    def _toolkit_config(self, root: Path) -> Path:
-        """The node's NVIDIA container toolkit config (what its node agent plays), for its daemon to read."""
-        path = root / "nvidia-container-runtime" / "config.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        mounts = self.spec.toolkit_volume_mounts
-        path.write_text(f"accept-nvidia-visible-devices-envvar-when-unprivileged = {str(not mounts).lower()}\n"
-                        f"accept-nvidia-visible-devices-as-volume-mounts = {str(mounts).lower()}\n")
-        return path
-
-    def _runtime_args(self, i: int, driver: FakeDriver) -> list[str]:
-        """The node agent's container runtime: runc, the image table, the pod network, the toolkit over the
-        node's fake driver."""
-        if not self.spec.runtime:
-            return []
-        assert self.network is not None
-        knobs = [f"{k}={v}" for k, v in sorted(driver.env().items())
-                 if k not in ("FAKE_NVML_CONFIG", "LD_LIBRARY_PATH")]
-        args = ["--runtime", "runc", "--images", str(self.image_table), *self.network.agent_args(i),
-                "--netns-prefix", self.netns_prefix(i), "--nvidia-config", str(driver.config_path),
-                "--nvidia-libs", str(FAKES), "--crash-backoff", self.spec.crash_backoff, "--v=2",
-                f"--toolkit-accept-volume-mounts={str(self.spec.toolkit_volume_mounts).lower()}",
-                f"--toolkit-accept-envvar-when-unprivileged={str(not self.spec.toolkit_volume_mounts).lower()}"]
-        for k in knobs:
-            args += ["--nvidia-env", k]
-        return args
+    @property
+    def network(self) -> PodNetwork | None:
+        return self.runtime.network if self.runtime is not None else None
 
     def netns_prefix(self, i: int) -> str:
-        assert self.network is not None
-        return f"{self.network.name[:8]}{i}-"
+        assert self.runtime is not None
+        return self.runtime.netns_prefix(i)
 
     def _shim_args(self) -> list[str]:
         """The node daemon delivers the shim when pods run (their containers preload it); off otherwise."""
@@ -450,39 +430,8 @@ class Cluster:
             return ["--shim", "on", "--shim-lib", str(SHIM_LIB)]
         return ["--shim", "off"]
 
-    # --- inside the pods ------------------------------------------------------------------------------------------
-    def _agent_of(self, ns: str, pod: str) -> NodeAgent:
-        p = self.core.read_namespaced_pod(pod, ns)
-        if not p.spec.node_name:
-            raise AssertionError(f"pod {ns}/{pod} is not bound to a node")
-        return self.node(p.spec.node_name).agent
-
-    def exec(self, ns: str, pod: str, container: str, command: list[str], stdin: str | None = None,
-             timeout: float = 120) -> dict[str, Any]:
-        """`kubectl exec`: run command in the container; {"exitCode", "stdout", "stderr", "error"?}."""
-        return self._agent_of(ns, pod).exec(ns, pod, container, command, stdin=stdin, timeout=timeout)
-
-    def container_logs(self, ns: str, pod: str, container: str, previous: bool = False) -> str:
-        """`kubectl logs`: the container's output."""
-        return self._agent_of(ns, pod).logs(ns, pod, container, previous=previous)
-
-    def probe(self, ns: str, pod: str, container: str, timeout: float = 60) -> dict[str, Any]:
-        """The view the workload probe printed in the container (its first line), waiting for it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                for line in self.container_logs(ns, pod, container).splitlines():
-                    if line.startswith('{"probe"'):
-                        out: dict[str, Any] = json.loads(line)["probe"]
-                        return out
-            except (AgentError, AssertionError):
-                pass  # not bound to a node yet, or not started yet
-            if time.monotonic() > deadline:
-                p = self.core.read_namespaced_pod(pod, ns)
-                raise AssertionError(f"no probe output from {ns}/{pod}/{container} within {timeout:.0f} s: "
-                                     f"{p.spec.node_name or 'not bound'}, {p.status.phase}, "
-                                     f"{p.status.container_statuses or p.status.conditions}")
-            time.sleep(0.1)
+    def agent_on(self, node: str) -> NodeAgent:
+        return self.node(node).agent
 
     # --- nodes -------------------------------------------------------------------------------------------------
     def _node_or_none(self, name: str) -> k8s.V1Node | None:
@@ -558,41 +507,7 @@ class Cluster:
         name = f"{prefix}-{os.urandom(3).hex()}"
         self.core.create_namespace({"metadata": {"name": name}})
         self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
-        assert self.pki is not None  # the root-ca-cert-publisher's job: pods' service-account volumes read it
-        self.core.create_namespaced_config_map(name, {"metadata": {"name": "kube-root-ca.crt"},
-                                                      "data": {"ca.crt": self.pki.ca.cert.read_text()}})
-        return name
-
-    def leftovers(self, uids: set[str]) -> list[str]:
-        """What the node agents' runtimes still hold of these pods: runc containers, pod directories, mounts,
-        network namespaces, container shims. Empty once the pods are gone."""
-        if not self.spec.runtime:
-            return []
-        short = {u.replace("-", "")[:12]: u for u in uids}
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        procs = {}
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    procs[d.name] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    pass
-        out = []
-        for i, node in enumerate(self.nodes):
-            listed = subprocess.run(["runc", "--root", str(node.root / "runc"), "list", "-q"], capture_output=True,
-                                    text=True).stdout.split()
-            out += [f"{node.name}: runc container {c}" for c in listed if c[:12] in short]
-            for uid in uids:
-                pod_dir = node.root / "pods" / uid
-                if pod_dir.exists():
-                    out.append(f"{node.name}: pod directory {pod_dir}")
-                out += [f"{node.name}: mount {line.split()[4]}" for line in mounts
-                        if len(line.split()) > 4 and line.split()[4].startswith(str(pod_dir))]
-                out += [f"{node.name}: process {pid} {cmd[:120]}" for pid, cmd in procs.items() if str(pod_dir) in cmd]
-            if self.network is not None:
-                out += [f"{node.name}: network namespace {n}" for n in namespaces(self.netns_prefix(i))
-                        if n[len(self.netns_prefix(i)):] in short]
-        return out
+        return name  # kube-root-ca.crt, which pods' service-account volumes read, comes from the CA publisher
 
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
         """Delete the namespace's pods (at once) and wait until no node agent holds any of them, and nothing of
@@ -624,15 +539,15 @@ class Cluster:
             self.procs[name].stop()
         for node in self.nodes:
             node.agent.stop()
-        if self.spec.runtime:
+        if self.runtime is not None:
             for i, node in enumerate(self.nodes):
-                cleanup_node(node.root, self.netns_prefix(i) if self.network else "")
+                cleanup_node(node.root, self.netns_prefix(i))
         for name in ["serviceproxy", "kube-controller-manager", "kube-scheduler", "devplugin-scheduler",
                      "kube-apiserver", "etcd"]:
             if name in self.procs:
                 self.procs[name].stop()
-        if self.network is not None:
-            self.network.delete()
+        if self.runtime is not None:
+            self.runtime.network.delete()
 
 
 # --- pytest fixtures -----------------------------------------------------------------------------------------

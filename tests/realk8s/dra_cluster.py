@@ -52,10 +52,13 @@ from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
 from tests.realk8s.cluster import node_gpus
+from tests.realk8s.node_runtime import NodeRuntime
+from tests.realk8s.pod_access import PodAccess
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
 BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "stubdra")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "containershim",
+            "stubdra")
 REPO = Path(__file__).resolve().parents[2]
 SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"  # `make native`
 COMPONENTS = [REPO / "deploy" / "components" / "dra" / f for f in ("deviceclasses.yaml", "claim-policies.yaml")] + [
@@ -65,7 +68,8 @@ SHARE_CLASS, WHOLE_CLASS = "gpu.gpushare.io", "whole.gpu.gpushare.io"
 DRIVER = contract.DRA_DRIVER
 MODE_LABEL, MODE_DRA = contract.LABEL_ALLOCATION, contract.ALLOCATION_DRA  # a node's mode: device plugin or DRA
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-KCM_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
+KCM_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller",
+                   "root-ca-certificate-publisher-controller")  # the last: kube-root-ca.crt for pods' tokens
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class DraSpec:
     gpus: int = 2
     gpu_mib: int = 16 * 1024
     plugin: str = "devplugin"
+    runtime: bool = True  # the node agents run the pods' containers (runc; tests/realk8s/node_runtime.py)
+    toolkit_volume_mounts: bool = True  # the nodes' NVIDIA container toolkit: its secure setting
 
 
 def missing_binaries() -> list[str]:
@@ -127,7 +133,7 @@ class DraNode:
 
 
 @dataclass
-class DraCluster:
+class DraCluster(PodAccess):
     root: Path
     spec: DraSpec
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -142,6 +148,7 @@ class DraCluster:
     scheduler_port: int = 0
     controller_manager_port: int = 0
     _extra_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per component, the restart's flags
+    runtime: NodeRuntime | None = None  # what the node agents run pods with (images, pod network, toolkit)
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> DraCluster:
@@ -161,6 +168,8 @@ class DraCluster:
                                        self.admin)
         self._start_controller_manager(pki, sa)
         self._start_scheduler(pki)
+        if self.spec.runtime:
+            self.runtime = NodeRuntime.create(self.root, volume_mounts=self.spec.toolkit_volume_mounts)
         self._start_nodes(pki)
         self.took = time.monotonic() - t0
         return self
@@ -240,11 +249,13 @@ class DraCluster:
             cert = pki.issue(f"node-{i}", f"system:node:{name}", orgs=("system:nodes",))
             node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
                                         cert=cert)
+            driver = (None if self.spec.plugin == "stub"
+                      else FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib)))
             agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
                               extra_args=["--plugins-registry-dir", str(root / "plugins_registry"),
-                                          "--cdi-dir", str(root / "cdi"), "--status-period", "10s"],
+                                          "--cdi-dir", str(root / "cdi"), "--status-period", "10s",
+                                          *(self.runtime.agent_args(i, driver) if self.runtime else [])],
                               binary_dir=BIN)
-            driver = None
             plugin_kc = root / "plugin.kubeconfig"  # devplugin dra's: written once the Node exists (below)
             if self.spec.plugin == "stub":
                 plugin = self._proc(f"{name}-plugin", [
@@ -253,7 +264,7 @@ class DraCluster:
                     "--cdi-dir", str(root / "cdi"), "--gpus", str(self.spec.gpus),
                     "--gpu-memory", f"{self.spec.gpu_mib}Mi"])
             else:
-                driver = FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib))
+                assert driver is not None
                 plugin = Proc(f"{name}-plugin", [
                     sys.executable, "-m", "devplugin", "dra", "--node-name", name, "--kubeconfig", str(plugin_kc),
                     "--plugins-registry-dir", str(root / "plugins_registry"), "--plugin-dir", str(root / "plugin"),
@@ -332,6 +343,9 @@ class DraCluster:
         return [s for s in self.resource("resourceslices")
                 if s["spec"].get("nodeName") == node and s["spec"]["driver"] == DRIVER]
 
+    def agent_on(self, node: str) -> NodeAgent:
+        return next(n.agent for n in self.nodes if n.name == node)
+
     def _ready_untainted(self, name: str) -> bool:
         try:
             n = self.core.read_node(name)
@@ -377,7 +391,9 @@ class DraCluster:
         return name
 
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
-        """Delete the namespace's pods and wait until no node agent holds them nor any claim of the namespace."""
+        """Delete the namespace's pods and wait until no node agent holds them nor any claim of the namespace, and
+        nothing of them is left on the nodes (containers, mounts, network namespaces, processes)."""
+        uids = {p.metadata.uid for p in self.core.list_namespaced_pod(ns).items}
         for pod in self.core.list_namespaced_pod(ns).items:
             try:
                 self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
@@ -387,6 +403,7 @@ class DraCluster:
         self._wait(lambda: not any(p["namespace"] == ns for n in self.nodes for p in n.books()["pods"])
                    and not any(c["namespace"] == ns for n in self.nodes for c in n.claims()),
                    f"pods and claims of {ns} gone from the node agents", timeout)
+        self._wait(lambda: not self.leftovers(uids), f"nothing of the pods of {ns} left on the nodes", 30)
 
     def logs(self, lines: int = 40) -> str:
         parts = [f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items()]
@@ -397,6 +414,8 @@ class DraCluster:
         for node in self.nodes:
             node.plugin.stop()
             node.agent.stop()
+        if self.runtime is not None:
+            self.runtime.cleanup([n.root for n in self.nodes])
         for name in ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]:
             if name in self.procs:
                 self.procs[name].stop()
