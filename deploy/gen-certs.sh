@@ -128,7 +128,19 @@ for kind in ValidatingWebhookConfiguration MutatingWebhookConfiguration; do
   - target: {group: admissionregistration.k8s.io, kind: $kind}
     patch: |-
       - {op: remove, path: /metadata/annotations/cert-manager.io~1inject-ca-from}
-      - {op: add, path: /webhooks/0/clientConfig/caBundle, value: $(cat "$out/ca-bundle.b64")}
 EOF
 done
+# Every webhook of both configurations gets the CA, copied from the Secret's ca.crt (base64, as caBundle is): a
+# configuration may hold several webhooks, and one left without it fails every call (a validating one, closed).
+cat >> "$out/kustomization.yaml" <<EOF
+replacements:
+  - source: {kind: Secret, name: $secret, fieldPath: data.ca\.crt}
+    targets:
+      - select: {group: admissionregistration.k8s.io, kind: ValidatingWebhookConfiguration}
+        fieldPaths: [webhooks.*.clientConfig.caBundle]
+        options: {create: true}
+      - select: {group: admissionregistration.k8s.io, kind: MutatingWebhookConfiguration}
+        fieldPaths: [webhooks.*.clientConfig.caBundle]
+        options: {create: true}
+EOF
 echo "wrote $out: kubectl apply -k $out ; the CA for kube-scheduler hosts is $out/ca.crt" >&2
