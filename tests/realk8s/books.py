@@ -15,6 +15,7 @@ from typing import Any
 
 from devplugin import contract as c
 from devplugin.api.deviceplugin.v1beta1 import api_pb2
+from devplugin.deviceplugin.device_list import VOLUME_MOUNT_ROOT
 
 ACTIVE = ("Pending", "Running", "")
 
@@ -144,14 +145,31 @@ def fmt(per_gpu: dict[str, Counter[str]]) -> str:
                      for u, kinds in sorted(per_gpu.items())) or "nothing"
 
 
-def checkpoint_envs(checkpoint: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, str]]]:
-    """(pod UID, container) -> resource -> the envs of the plugin's AllocateResponse the kubelet stored."""
-    out: dict[tuple[str, str], dict[str, dict[str, str]]] = defaultdict(dict)
+def checkpoint_responses(checkpoint: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(pod UID, container) -> resource -> the plugin's AllocateResponse the kubelet stored."""
+    out: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
     for entry in checkpoint["Data"]["PodDeviceEntries"] or []:
         resp = api_pb2.ContainerAllocateResponse()
         resp.ParseFromString(base64.b64decode(entry["AllocResp"] or ""))
-        out[entry["PodUID"], entry["ContainerName"]][entry["ResourceName"]] = dict(resp.envs)
+        out[entry["PodUID"], entry["ContainerName"]][entry["ResourceName"]] = resp
     return dict(out)
+
+
+def checkpoint_envs(checkpoint: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, str]]]:
+    """(pod UID, container) -> resource -> the envs of the plugin's AllocateResponse the kubelet stored."""
+    return {key: {res: dict(resp.envs) for res, resp in per.items()}
+            for key, per in checkpoint_responses(checkpoint).items()}
+
+
+def granted_gpus(resp: Any) -> str:
+    """The GPUs an AllocateResponse grants, as NVIDIA_VISIBLE_DEVICES would name them (comma-separated UUIDs):
+    the env itself (envvar strategy), or the mounts under /var/run/nvidia-container-devices (volume-mounts: the
+    env then names that directory), in the order given."""
+    env = dict(resp.envs).get(c.ENV_NVIDIA_VISIBLE_DEVICES, "")
+    if env != VOLUME_MOUNT_ROOT:
+        return env
+    return ",".join(m.container_path[len(VOLUME_MOUNT_ROOT) + 1:] for m in resp.mounts
+                    if m.container_path.startswith(VOLUME_MOUNT_ROOT + "/"))
 
 
 def envs_agree(books: dict[str, dict[str, Any]], checkpoints: dict[str, dict[str, Any]],
@@ -166,22 +184,28 @@ def envs_agree(books: dict[str, dict[str, Any]], checkpoints: dict[str, dict[str
         shares = c.parse_assignment(text, c.ANN_ALLOCATED).containers.get(h.container)
         if not shares:
             continue
-        per_resource = checkpoint_envs(checkpoints[h.node]).get((h.uid, h.container), {})
+        per_resource = checkpoint_responses(checkpoints[h.node]).get((h.uid, h.container), {})
         if not per_resource:
             bad.append(f"{h.who}: no AllocateResponse in the kubelet's checkpoint")
-        want = {c.ENV_NVIDIA_VISIBLE_DEVICES: ",".join(s.uuid for s in shares)}
+        gpus = ",".join(s.uuid for s in shares)
+        want = {}
         if not shares[0].whole:
             for i, s in enumerate(shares):
                 want[f"{c.ENV_MEMORY_LIMIT}_{i}"] = f"{s.mem * mem_unit_mib}m"
             want[c.ENV_ALIYUN_MEM_CONTAINER] = str(sum(s.mem for s in shares))
             if shares[0].core:
                 want[c.ENV_SM_LIMIT] = str(shares[0].core)
-        for resource, envs in sorted(per_resource.items()):
+        for resource, resp in sorted(per_resource.items()):
+            envs = dict(resp.envs)
             for key, value in sorted(want.items()):
                 if key in envs and envs[key] != value:
                     bad.append(f"{h.who}: {resource} gave {key}={envs[key]}, its record says {value}")
             if c.ENV_NVIDIA_VISIBLE_DEVICES not in envs:
                 bad.append(f"{h.who}: {resource} gave no {c.ENV_NVIDIA_VISIBLE_DEVICES}")
+            elif granted_gpus(resp) != gpus:
+                bad.append(f"{h.who}: {resource} granted GPUs {granted_gpus(resp)!r} "
+                           f"({c.ENV_NVIDIA_VISIBLE_DEVICES}={envs[c.ENV_NVIDIA_VISIBLE_DEVICES]}), "
+                           f"its record says {gpus}")
     return bad
 
 
