@@ -52,7 +52,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
-from tests.realk8s import books, kubeconfigs, manifests
+from tests.realk8s import books, kubeconfigs, manifests, product_image, product_pods
 from tests.realk8s.agent import NodeAgent, cleanup_node
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
 from tests.realk8s.binaries import E2E_BIN
@@ -96,6 +96,9 @@ class Spec:
     # void guards CPU containers). The node agents play it; the daemons read it from its config file.
     toolkit_volume_mounts: bool = True
     crash_backoff: str = "10s"  # the node agents' first crash-loop back-off
+    # The node daemons and the extender as the shipped DaemonSet's and Deployment's pods, from the product's own
+    # image (product_pods.py), instead of processes on the host.
+    product_in_pods: bool = False
 
 
 def missing_binaries() -> list[str]:
@@ -129,7 +132,7 @@ class Node:
     root: Path
     driver: FakeDriver
     agent: NodeAgent
-    daemon: Proc
+    daemon: Proc | None  # None: the daemon runs as the DaemonSet's pod (Spec.product_in_pods)
     health_port: int
 
     @property
@@ -144,11 +147,13 @@ class Node:
         self.agent.start(timeout=60)
 
     def start_daemon(self) -> None:
+        assert self.daemon is not None, "the node's daemon runs as a pod"
         self.daemon.start()
 
     def wait_daemon_ready(self, timeout: float = 60) -> None:
         """Until the daemon answers /readyz. A port taken between free_port() and the daemon's bind (another
         process of the machine got it first) is replaced by a new one and the daemon started again."""
+        assert self.daemon is not None, "the node's daemon runs as a pod"
         for attempt in range(3):
             url = f"http://127.0.0.1:{self.health_port}/readyz"
             try:
@@ -174,7 +179,8 @@ class Node:
         return out
 
     def stop(self) -> None:
-        self.daemon.stop()
+        if self.daemon is not None:
+            self.daemon.stop()
         self.agent.stop()
 
 
@@ -218,13 +224,20 @@ class Cluster(PodAccess):
         self._start_etcd()
         self._start_apiserver(pki, sa)
         self._apply_manifests(pki)
-        self._start_extender(pki)
+        if self.spec.product_in_pods and not self.spec.runtime:
+            raise ValueError("Spec(product_in_pods=True) needs runtime=True: the product's pods must run")
+        if not self.spec.product_in_pods:
+            self._start_extender(pki)
         self._start_scheduler(pki, self.spec.extender)
         if self.spec.runtime:
             self.runtime = NodeRuntime.create(self.root, volume_mounts=self.spec.toolkit_volume_mounts,
                                               crash_backoff=self.spec.crash_backoff)
+            if self.spec.product_in_pods:
+                self.runtime.add_image(product_image.REFERENCE, product_image.build(product_image.DEFAULT_CACHE))
             self._start_service_plane(pki, sa)
         self._start_nodes(pki)
+        if self.spec.product_in_pods:
+            self._start_extender_pod(pki)
         self.took = time.monotonic() - t0
         return self
 
@@ -356,6 +369,11 @@ class Cluster(PodAccess):
                               binary_dir=BIN)
             daemon_kc = root / "gpushare-devplugin.kubeconfig"  # written once the Node exists (below)
             health = free_port()
+            if self.spec.product_in_pods:
+                assert self.runtime is not None
+                self.runtime.toolkit_config(root)  # the daemon's pod reads it through its hostPath
+                self.nodes.append(Node(name, root, driver, agent, None, 0))
+                continue
             daemon = self._proc(f"{name}-daemon", [
                 sys.executable, "-m", "devplugin", "serve", "--node-name", name, "--kubeconfig", str(daemon_kc),
                 "--plugin-dir", str(root / "device-plugins"),
@@ -372,6 +390,10 @@ class Cluster(PodAccess):
             self._wait(lambda n=node: self._node_or_none(n.name) is not None, f"Node {node.name} registered", 30)
             self.label_node(node.name, {"ack.node.gpu.schedule": self.spec.mode,
                                         "ack.node.gpu.placement": self.spec.placement})
+            if self.spec.product_in_pods:  # the DaemonSet's pod runs the daemon, from the product's image
+                self.core.create_namespaced_pod("kube-system", product_pods.daemon_pod(self.objects, node.name,
+                                                                                       node.root))
+                continue
             body = manifests.daemonset_pod(self.objects, node.name)
             dpod = self.core.create_namespaced_pod("kube-system", body)
             token = kubeconfigs.service_account_token(self.admin, "kube-system", "gpushare-devplugin",
@@ -379,11 +401,37 @@ class Cluster(PodAccess):
             kubeconfigs.write(node.root / "gpushare-devplugin.kubeconfig", self.server, pki.ca.cert,
                               "gpushare-devplugin", token=token)
         for node in self.nodes:
-            node.start_daemon()
+            if node.daemon is not None:
+                node.start_daemon()
         for node in self.nodes:
-            node.wait_daemon_ready()
+            if node.daemon is not None:
+                node.wait_daemon_ready()
         for node in self.nodes:
-            self.wait_node_serving(node)
+            self.wait_node_serving(node, timeout=45 if node.daemon is not None else 120)
+
+    def _start_extender_pod(self, pki: Pki) -> None:
+        """The extender as one replica of the shipped Deployment, from the product's image, on the first node (the
+        control-plane node here), its TLS Secret from the harness's PKI; kube-scheduler and the apiserver reach its
+        Service on the loopback port the Service proxy exposes it at."""
+        first = self.nodes[0].name
+        self.label_node(first, {product_pods.CONTROL_PLANE_LABEL: ""})
+        serving = pki.issue("devplugin-scheduler", "devplugin-scheduler", server=True, dns=SERVICE_DNS,
+                            ips=("127.0.0.1",))
+        self.core.create_namespaced_secret("kube-system", product_pods.tls_secret(
+            self.objects, serving.cert, serving.key, pki.ca.cert))
+        self.core.create_namespaced_pod("kube-system", product_pods.extender_pod(self.objects, first))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if _https_get(self.extender_base + "/readyz", pki.ca.cert)[0] == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                p = self.core.read_namespaced_pod("devplugin-scheduler-0", "kube-system")
+                raise ComponentFailed(f"the extender's pod did not become ready within 120 s: {p.status.phase}, "
+                                      f"{p.status.container_statuses}\n{self.nodes[0].agent.tail(30)}")
+            time.sleep(0.5)
 
     def _start_service_plane(self, pki: Pki, sa: Pair) -> None:
         """What makes Services work for pods: kube-controller-manager's endpointslice controller (its own
@@ -411,9 +459,11 @@ class Cluster(PodAccess):
         kcm.start()
         kcm.wait_until(lambda: _https_get(f"https://127.0.0.1:{port}/healthz", None)[0] == 200, "healthy",
                        timeout=90)
+        expose = ([f"--expose=kube-system/devplugin-scheduler:443=127.0.0.1:{self.extender_port}"]
+                  if self.spec.product_in_pods else [])  # the extender's Service, for kube-scheduler and the webhooks
         proxy = self._proc("serviceproxy", [
             str(BIN / "serviceproxy"), f"--kubeconfig={self.admin}", f"--netns={self.network.name}",
-            f"--apiserver=127.0.0.1:{self.api_port}"])
+            f"--apiserver=127.0.0.1:{self.api_port}", *expose])
         proxy.start().wait_for_line(r"serviceproxy: serving", timeout=60)
 
     @property
@@ -471,7 +521,7 @@ class Cluster(PodAccess):
         deadline = time.monotonic() + timeout
         while not cond():
             if time.monotonic() > deadline:
-                logs = "" if node is None else f"\n{node.agent.tail(30)}\n{node.daemon.tail(30)}"
+                logs = "" if node is None else f"\n{node.agent.tail(30)}\n{node.daemon.tail(30) if node.daemon else ''}"
                 raise ComponentFailed(f"not {what} within {timeout:.0f} s{logs}")
             time.sleep(0.2)
 

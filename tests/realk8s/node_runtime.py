@@ -5,8 +5,10 @@ network namespace when the cluster stops."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devplugin_sim.fake_driver import FakeDriver
 from tests.realk8s import images
@@ -32,6 +34,12 @@ class NodeRuntime:
     def create(cls, root: Path, *, volume_mounts: bool = True, crash_backoff: str = "10s") -> NodeRuntime:
         table = images.build(root / "images", images.default_tools())
         return cls(table, PodNetwork.create(), volume_mounts, crash_backoff)
+
+    def add_image(self, ref: str, entry: dict[str, Any]) -> None:
+        """Add an image to the table (the node agents read it afresh for every container)."""
+        table = json.loads(self.image_table.read_text())
+        table["images"][ref] = entry
+        self.image_table.write_text(json.dumps(table, indent=1))
 
     def netns_prefix(self, i: int) -> str:
         """Node i's pod network namespaces: the bridge's name and the node's number (unique on the machine)."""

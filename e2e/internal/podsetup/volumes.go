@@ -124,6 +124,14 @@ func hostPath(h *v1.HostPathVolumeSource) (string, error) {
 		if err != nil || st.Mode()&os.ModeSocket == 0 {
 			return "", fmt.Errorf("hostPath type check failed: %s is not a socket file", h.Path)
 		}
+	case v1.HostPathCharDev:
+		if err != nil || st.Mode()&os.ModeCharDevice == 0 {
+			return "", fmt.Errorf("hostPath type check failed: %s is not a character device", h.Path)
+		}
+	case v1.HostPathBlockDev:
+		if err != nil || st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice != 0 {
+			return "", fmt.Errorf("hostPath type check failed: %s is not a block device", h.Path)
+		}
 	}
 	return h.Path, nil
 }

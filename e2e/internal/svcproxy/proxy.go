@@ -14,6 +14,7 @@ import (
 	"net"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,17 +33,22 @@ type Proxy struct {
 	NetNSPath string // /run/netns/<bridge namespace>: where the listeners are opened
 	APIServer string // host:port of the apiserver, for default/kubernetes
 	Ready     func() // called once the caches are synced and the first listeners opened (may be nil)
+	// Exposed are Services served on the node's loopback too ("namespace/name:port" -> "127.0.0.1:PORT"), for
+	// the control plane's processes on the host (the apiserver's webhooks, kube-scheduler's extender), as the
+	// service network reaches a control plane's host on a real cluster.
+	Exposed map[string]string
 
 	mu        sync.Mutex
 	listeners map[string]net.Listener // "ip:port" -> listener
 	targets   map[string][]string     // "ip:port" -> endpoint addresses
+	exposedAt map[string]string       // "host:ip:port" -> the loopback address it is also served at
 	services  cache.Indexer
 	slices    cache.Indexer
 }
 
 // Run keeps the listeners in step with the Services and their endpoints until ctx ends.
 func (p *Proxy) Run(ctx context.Context) error {
-	p.listeners, p.targets = map[string]net.Listener{}, map[string][]string{}
+	p.listeners, p.targets, p.exposedAt = map[string]net.Listener{}, map[string][]string{}, map[string]string{}
 	f := informers.NewSharedInformerFactory(p.Client, 0)
 	svc := f.Core().V1().Services().Informer()
 	eps := f.Discovery().V1().EndpointSlices().Informer()
@@ -101,6 +107,10 @@ func (p *Proxy) sync() {
 				continue
 			}
 			want[key] = p.endpoints(s, port)
+			if host, ok := p.Exposed[fmt.Sprintf("%s/%s:%d", s.Namespace, s.Name, port.Port)]; ok {
+				p.exposedAt["host:"+key] = host
+				want["host:"+key] = want[key]
+			}
 		}
 	}
 	p.mu.Lock()
@@ -114,6 +124,17 @@ func (p *Proxy) sync() {
 	}
 	for key := range want {
 		if _, ok := p.listeners[key]; ok {
+			continue
+		}
+		if host, ok := p.exposedAt[key]; ok {
+			l, err := net.Listen("tcp", host)
+			if err != nil {
+				klog.ErrorS(err, "listen on the node's loopback for a Service", "address", host, "service", key)
+				continue
+			}
+			p.listeners[key] = l
+			go p.serve(strings.TrimPrefix(key, "host:"), l)
+			klog.V(2).InfoS("serving a Service on the node's loopback", "address", host, "endpoints", want[key])
 			continue
 		}
 		l, err := p.listen(key)
