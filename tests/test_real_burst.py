@@ -4,7 +4,8 @@ they reach it. Every container must get the GPU recorded for it, on one GPU, wit
 Rounds where many pods ask the same amount matter most: a call's amount cannot tell them apart. On a loaded machine
 a container's pod lookup can outlast its budget: it is placed by node-local pairing and named later, and its record
 must still say all of what the kubelet gave it (tests/test_identity_lookup_timeout.py has that case
-deterministically)."""
+deterministically). And each container, from inside, sees exactly the GPU and slice of its record
+(tests/realk8s/inside.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import random
 import pytest
 
 from tests.realk8s.cluster import Cluster
+from tests.realk8s.inside import pod_sees_what_it_was_given
 from tests.realk8s.podspecs import Ask, on_node, pod, settled, wait_pods
 
 pytestmark = pytest.mark.realk8s
@@ -36,6 +38,8 @@ def test_bursts_of_pods_each_get_the_gpu_recorded_for_them(realk8s: Cluster, ns:
         refused = [p.metadata.name for p in pods if p.status.phase == "Failed"]
         assert refused == [], f"round {r}: refused by their node: {refused}"
         assert realk8s.audit() == [], f"round {r}"
+        inside = [bad for p in pods if p.metadata.name in names for bad in pod_sees_what_it_was_given(realk8s, p)]
+        assert inside == [], f"round {r}"
         for name in names:
             realk8s.core.delete_namespaced_pod(name, ns)
         wait_pods(realk8s.core, ns, lambda ps: ps == [], f"round {r} deleted", 60)

@@ -1,5 +1,6 @@
 """`devplugin inspect` (text and `-o json`) on the real cluster after a seeded churn: every GPU's memory and
-compute held, whole GPUs and the containers on each equal the kubelets' own books."""
+compute held, whole GPUs and the containers on each equal the kubelets' own books, and what the pods that run see
+from inside is what they were given (tests/realk8s/inside.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tests.realk8s.books import inspect_json_disagreements, inspect_text_disagreements
 from tests.realk8s.churn import run_churn
 from tests.realk8s.cluster import Cluster
+from tests.realk8s.inside import Sampler, running_pods_see_what_they_were_given
 
 pytestmark = pytest.mark.realk8s
 
@@ -23,7 +25,8 @@ def inspect(cluster: Cluster, *args: str) -> str:
 
 
 def test_inspect_equals_the_kubelets_books_after_churn(realk8s: Cluster, ns: str) -> None:
-    run_churn(realk8s.core, ns, realk8s.books, seed=7, pods=40, delete_fraction=0.2)
+    sampled = Sampler(realk8s, seed=7)
+    run_churn(realk8s.core, ns, realk8s.books, seed=7, pods=40, delete_fraction=0.2, settled=sampled)
     deadline = time.monotonic() + 15  # the node daemons republish their usage just after each change
     while True:
         report = json.loads(inspect(realk8s, "-o", "json"))
@@ -35,3 +38,6 @@ def test_inspect_equals_the_kubelets_books_after_churn(realk8s: Cluster, ns: str
     text = inspect(realk8s)
     assert inspect_text_disagreements(text, report) == [], text
     assert sum(len(g["pods"]) for n in report["nodes"] for g in n["gpus"]) > 0
+    assert sampled.checked and sampled.found == [], sampled.found
+    alive, found = running_pods_see_what_they_were_given(realk8s, ns)
+    assert alive > 0 and found == []

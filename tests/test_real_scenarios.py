@@ -1,6 +1,8 @@
 """Placement scenarios on the real cluster (kube-scheduler with the extender, the kubelet's device manager, the
 node daemons): fragmentation, Alibaba's and ACK's annotations, the multi-GPU label, init containers and sidecars,
-whole GPUs. Each ends with the kubelets' books audited against the pods' records."""
+whole GPUs, and the compute shares of containers on one GPU. Each ends with the kubelets' books audited against
+the pods' records, and with what each container of each pod sees from inside (tests/realk8s/inside.py): its GPUs,
+their memory, the shim and its limits, against what it asked for and what its node recorded."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from kubernetes import client as k8s
 from tests.realk8s import other_schedulers
 from tests.realk8s.books import holdings
 from tests.realk8s.cluster import Cluster
+from tests.realk8s.gpu_shares import Spinner, measure
+from tests.realk8s.inside import pod_sees_what_it_was_given
 from tests.realk8s.podspecs import Ask, describe, on_node, pod, settled_and_recorded, unschedulable, wait_pods
 
 pytestmark = pytest.mark.realk8s
@@ -27,6 +31,13 @@ def running(cluster: Cluster, ns: str, names: list[str], timeout: float = 60) ->
     bad = [describe(by[n]) for n in names if by[n].status.phase != "Running"]
     assert not bad, bad
     return by
+
+
+def inside(cluster: Cluster, pods: list[k8s.V1Pod], unreserved: dict[str, dict[str, int]] | None = None) -> list[str]:
+    """What each pod's containers see that they were not given (`unreserved`: pod -> container -> the cap of a
+    container that reserved no compute, where the test knows it)."""
+    return [bad for p in pods for bad in pod_sees_what_it_was_given(cluster, p, (unreserved or {}).get(
+        p.metadata.name))]
 
 
 def record(p: k8s.V1Pod) -> dict:
@@ -74,6 +85,8 @@ def test_fragmented_node_does_not_take_a_pod_larger_than_any_gpu_has_free(realk8
     assert running(realk8s, ns, ["ten"])["ten"].spec.node_name == frag
     assert realk8s.core.read_namespaced_pod("twenty", ns).spec.node_name is None
     assert realk8s.audit() == []
+    placed = [b["metadata"]["name"] for b in fill + whole] + ["ten"]
+    assert inside(realk8s, [p for name, p in running(realk8s, ns, placed).items() if name in placed]) == []
 
 
 def _wait_unschedulable(cluster: Cluster, ns: str, name: str, timeout: float = 30) -> k8s.V1Pod:
@@ -106,6 +119,8 @@ def test_alibaba_gpu_index_annotation_is_honoured(realk8s: Cluster, ns: str, tmp
     assert held_by(realk8s, p) == {"c0": {"3": {"m": 12}}}
     assert _annotation(realk8s, p, "ALIYUN_COM_GPU_MEM_ASSIGNED") == "true"
     assert realk8s.audit() == []
+    # gpu-mem alone on a core_mem node, on a GPU nobody had reserved compute on: it may take all of it
+    assert inside(realk8s, [p], {"aliyun": {"c0": 100}}) == []
 
 
 def test_ack_allocation_annotations_are_honoured_per_container(realk8s: Cluster, ns: str) -> None:
@@ -120,6 +135,7 @@ def test_ack_allocation_annotations_are_honoured_per_container(realk8s: Cluster,
     assert held_by(realk8s, p) == {"c0": {"5": {"m": 12, "c": 30}}, "c1": {"6": {"m": 8, "c": 20}}}
     assert _annotation(realk8s, p, "scheduler.framework.gpushare.assigned") == "true"
     assert realk8s.audit() == []
+    assert inside(realk8s, [p]) == []
 
 
 def _annotation(cluster: Cluster, p: k8s.V1Pod, key: str, timeout: float = 10) -> str:
@@ -141,6 +157,7 @@ def test_multi_gpu_label_splits_each_container_evenly(realk8s: Cluster, ns: str)
     assert len(held) == 2 and all(k == {"m": 20, "c": 30} for k in held.values()), held
     assert sorted(held) == sorted(str(s["index"]) for s in record(p)["containers"]["c0"])
     assert realk8s.audit() == []
+    assert inside(realk8s, [p]) == []
 
 
 def test_init_container_devices_are_reused_by_the_app_container(realk8s: Cluster, ns: str) -> None:
@@ -153,6 +170,7 @@ def test_init_container_devices_are_reused_by_the_app_container(realk8s: Cluster
     rec = record(p)["containers"]
     assert rec["main"][0]["index"] == rec["setup"][0]["index"]
     assert realk8s.audit() == []
+    assert inside(realk8s, [p]) == []  # the init container's view too, printed before it ended
 
 
 def test_sidecar_holds_its_own_devices_beside_the_app_container(realk8s: Cluster, ns: str) -> None:
@@ -163,6 +181,7 @@ def test_sidecar_holds_its_own_devices_beside_the_app_container(realk8s: Cluster
     assert list(held["proxy"].values()) == [{"m": 4, "c": 10}], held
     assert list(held["main"].values()) == [{"m": 8, "c": 20}], held
     assert realk8s.audit() == []
+    assert inside(realk8s, [p]) == []
 
 
 def test_sidecar_after_a_gpu_init_container_reuses_its_devices(realk8s: Cluster, ns: str) -> None:
@@ -174,6 +193,7 @@ def test_sidecar_after_a_gpu_init_container_reuses_its_devices(realk8s: Cluster,
     assert list(held["proxy"].values()) == [{"m": 4, "c": 10}], held
     assert list(held["main"].values()) == [{"m": 8, "c": 20}], held
     assert realk8s.audit() == []
+    assert inside(realk8s, [p]) == []
 
 
 def test_whole_gpus_are_held_whole(realk8s: Cluster, ns: str) -> None:
@@ -184,3 +204,30 @@ def test_whole_gpus_are_held_whole(realk8s: Cluster, ns: str) -> None:
     shares = record(p)["containers"]["c0"]
     assert all(s.get("whole") for s in shares) and sorted(str(s["index"]) for s in shares) == sorted(held)
     assert realk8s.audit() == []
+    assert inside(realk8s, [p]) == []
+
+
+def test_containers_sharing_a_gpu_each_get_their_compute_share(realk8s: Cluster, ns: str) -> None:
+    """Containers on one GPU run kernels back to back at the same time, each under the shim its node gave it; the
+    GPU time each got, read from the fake GPU's shared timeline: 30 / 30 / 40 % shares each within 5 points of its
+    own, and a 70 % container keeps at least 65 % beside a container that reserved no compute (gpu-mem alone: it
+    may take only what nobody reserved, and only what its neighbours leave: docs/modes.md)."""
+    realk8s.core.create_namespaced_pod(ns, pod("thirds", [Ask(mem=2, core=30), Ask(mem=2, core=30),
+                                                          Ask(mem=2, core=40)]))
+    realk8s.core.create_namespaced_pod(ns, pod("beside", [Ask(mem=2, core=70), Ask(mem=2)]))
+    by = running(realk8s, ns, ["thirds", "beside"])
+    spinners = []
+    for p in by.values():
+        rec = record(p)["containers"]
+        assert len({s["index"] for c in rec.values() for s in c}) == 1, f"{p.metadata.name}: not on one GPU: {rec}"
+        spinners += [Spinner(ns, p.metadata.name, c, p.spec.node_name, s[0]["index"]) for c, s in sorted(rec.items())]
+    # placed after the 70 % container on its GPU, the memory-only one may take the 30 % nobody reserved
+    assert inside(realk8s, list(by.values()), {"beside": {"c1": 30}}) == []
+    got = measure(realk8s, spinners)
+    print(f"compute shares on the GPUs' timeline: {got.per_container}, GPUs busy {got.per_gpu} "
+          f"({got.windows} window(s))")
+    share = got.per_container
+    for c, want in (("c0", 30), ("c1", 30), ("c2", 40)):
+        assert abs(share[f"thirds/{c}"] - want) <= 5, share
+    assert share["beside/c0"] >= 65, share
+    assert share["beside/c1"] > 0.5, share  # it still runs, on what the 70 % container leaves

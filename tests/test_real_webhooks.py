@@ -1,6 +1,9 @@
 """The project's admission webhooks as the real kube-apiserver calls them (registered by the shipped manifests,
 at the loopback URL): each rule denies with its message, a valid GPU pod runs, the mutating webhook hides the
-GPUs from CPU containers; with the service down, pods are refused (fail closed) except in kube-system."""
+GPUs from CPU containers; with the service down, pods are refused (fail closed) except in kube-system. What each
+pod created sees from inside (tests/realk8s/inside.py) is what it asked for: a valid GPU pod's container its slice,
+capped at it with the CUDA runtime's and CuPy's own out-of-memory errors and running a cuBLAS GEMM under the shim;
+a CPU container of NVIDIA's CUDA image no GPU at all."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.realk8s.cluster import Cluster
+from tests.realk8s.images import CUDA_IMAGE, TOOLS_IN_IMAGE
+from tests.realk8s.inside import CONTEXT_CHARGE, GiB, pod_sees_what_it_was_given
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, wait_pods
 
 pytestmark = pytest.mark.realk8s
@@ -55,8 +60,24 @@ def test_requests_that_differ_from_limits_are_refused_by_the_apiserver_first(rea
     assert "aliyun.com/gpu-mem" in why and "must be equal to" in why, why
 
 
+def cuda_image(body: dict, container: int = 0) -> dict:
+    """The container runs NVIDIA's CUDA image (NVIDIA_VISIBLE_DEVICES=all in its ENV, `sleep infinity`)."""
+    body["spec"]["containers"][container]["image"] = CUDA_IMAGE
+    return body
+
+
+def steps(result: dict) -> dict[str, list[dict]]:
+    """A probe's JSON steps (rt_probe.cu, cupy_probe.py) from an exec's output, by op."""
+    out: dict[str, list[dict]] = {}
+    for line in result["stdout"].splitlines():
+        if line.startswith('{"op"'):
+            step = json.loads(line)
+            out.setdefault(step["op"], []).append(step)
+    return out
+
+
 def test_a_valid_gpu_pod_runs_on_the_gpu_recorded_and_cpu_containers_see_no_gpu(realk8s: Cluster, ns: str) -> None:
-    body = pod("ok", [Ask(mem=4, core=30, name="gpu"), Ask(name="cpu")])
+    body = cuda_image(pod("ok", [Ask(mem=2, core=30, name="gpu"), Ask(name="cpu")]), 1)
     realk8s.core.create_namespaced_pod(ns, body)
     [p] = wait_pods(realk8s.core, ns, lambda ps: all(settled_and_recorded(x) for x in ps), "Running and recorded",
                     timeout=60)
@@ -66,9 +87,30 @@ def test_a_valid_gpu_pod_runs_on_the_gpu_recorded_and_cpu_containers_see_no_gpu(
     assert "NVIDIA_VISIBLE_DEVICES" not in envs["gpu"]
     record = json.loads(p.metadata.annotations["gpushare.io/allocated"])
     [share] = record["containers"]["gpu"]
-    assert (share["mem"], share["core"], record["node"]) == (4, 30, p.spec.node_name)
+    assert (share["mem"], share["core"], record["node"]) == (2, 30, p.spec.node_name)
     scheduled = json.loads(p.metadata.annotations["gpushare.io/scheduled"])
     assert scheduled["containers"]["gpu"][0]["index"] == share["index"]
+    assert pod_sees_what_it_was_given(realk8s, p) == []  # its 2 GiB / 30 % slice; the CPU container no GPU
+
+    # the cap, reached with NVIDIA's runtime's own error: after its context's charge, seven 256 MiB allocations fill
+    # the 2 GiB slice and the eighth is cudaErrorMemoryAllocation
+    rt = realk8s.exec(ns, "ok", "gpu", [f"{TOOLS_IN_IMAGE}/rt_probe_static", "init", "meminfo", "fill", "256",
+                                        "meminfo"])
+    got = steps(rt)
+    assert rt["exitCode"] == 0 and got["init"][0]["error"] == "cudaSuccess", rt
+    assert (got["meminfo"][0]["total"], got["meminfo"][0]["free"]) == (2 * GiB, 2 * GiB - CONTEXT_CHARGE), rt
+    assert (got["fill"][0]["count"], got["fill"][0]["error"]) == (7, "cudaErrorMemoryAllocation"), rt
+    assert got["meminfo"][1]["free"] == 0, rt
+    # and with CuPy's: OutOfMemoryError at the slice; everything given back, a cuBLAS GEMM runs under the shim
+    cupy = realk8s.exec(ns, "ok", "gpu", ["python", f"{TOOLS_IN_IMAGE}/cupy_probe.py", "init", "fill", "256",
+                                          "freeall", "meminfo", "gemm", "512"], timeout=180)
+    got = steps(cupy)
+    assert cupy["exitCode"] == 0 and "init" in got, cupy
+    assert (got["fill"][0]["count"], got["fill"][0]["error"]) == (7, "OutOfMemoryError"), cupy
+    assert "out of memory" in got["fill"][0]["message"].lower(), cupy
+    assert got["meminfo"][0]["free"] == 2 * GiB - CONTEXT_CHARGE, cupy
+    gemm = got["gemm"][0]
+    assert gemm["ok"] and gemm["shape"] == [512, 512], cupy
 
 
 def test_service_down_pods_refused_except_in_kube_system(realk8s: Cluster, ns: str) -> None:
@@ -78,17 +120,32 @@ def test_service_down_pods_refused_except_in_kube_system(realk8s: Cluster, ns: s
     ext = realk8s.procs["devplugin-scheduler"]
     ext.stop()
     try:
-        for name, asks in (("gpu-while-down", [Ask(mem=4)]), ("cpu-while-down", [Ask()])):
-            why = refused(realk8s, ns, pod(name, asks))
-            assert 'failed calling webhook "validate.gpushare.io"' in why, why
-        realk8s.core.create_namespaced_pod("kube-system", pod("system-while-down", [Ask()]))
-        system = realk8s.core.read_namespaced_pod("system-while-down", "kube-system")
-        assert not any(e.name == "NVIDIA_VISIBLE_DEVICES" for e in system.spec.containers[0].env or [])
+        try:
+            for name, asks in (("gpu-while-down", [Ask(mem=4)]), ("cpu-while-down", [Ask()])):
+                why = refused(realk8s, ns, pod(name, asks))
+                # either webhook that fails closed may answer first: the apiserver calls them in parallel
+                assert ('failed calling webhook "validate.gpushare.io"' in why
+                        or 'failed calling webhook "void.gpushare.io"' in why), why
+            realk8s.core.create_namespaced_pod("kube-system", cuda_image(pod("system-while-down", [Ask()])))
+            system = realk8s.core.read_namespaced_pod("system-while-down", "kube-system")
+            assert not any(e.name == "NVIDIA_VISIBLE_DEVICES" for e in system.spec.containers[0].env or [])
+        finally:
+            realk8s.start_extender()
+        realk8s.core.create_namespaced_pod(ns, pod("gpu-after", [Ask(mem=4)]))
+        realk8s.core.create_namespaced_pod(ns, cuda_image(pod("cpu-after", [Ask()])))
+        after = wait_pods(realk8s.core, ns, lambda ps: len(ps) == 2 and all(settled_and_recorded(x) for x in ps),
+                          "Running and recorded", timeout=60)
+        [system] = [p for p in wait_pods(realk8s.core, "kube-system", lambda ps: any(
+            x.metadata.name == "system-while-down" and x.status.phase == "Running" for x in ps),
+            "system-while-down Running", timeout=60) if p.metadata.name == "system-while-down"]
+        # the webhooks left the kube-system pod unvoided (NVIDIA_VISIBLE_DEVICES=all from its image): the nodes'
+        # toolkit takes no grant from an env, so it sees no GPU either; the GPU pod sees its 4 GiB, all the
+        # compute nobody reserved on its GPU
+        unreserved = {"gpu-after": {"c0": 100}}
+        assert [bad for p in [*after, system]
+                for bad in pod_sees_what_it_was_given(realk8s, p, unreserved.get(p.metadata.name))] == []
     finally:
-        realk8s.start_extender()
         try:
             realk8s.core.delete_namespaced_pod("system-while-down", "kube-system", grace_period_seconds=0)
         except k8s.ApiException:
             pass
-    realk8s.core.create_namespaced_pod(ns, pod("gpu-after", [Ask(mem=4)]))
-    realk8s.core.create_namespaced_pod(ns, pod("cpu-after", [Ask()]))

@@ -181,10 +181,12 @@ class ChurnResult:
 
 def run_churn(core: k8s.CoreV1Api, ns: str, books: Callable[[], dict[str, dict[str, Any]]], *, seed: int,
               pods: int, burst: int = 12, delete_fraction: float = 0.35, shape: Shape | None = None,
-              settle_s: float = 30.0, during: Callable[[int], None] | None = None) -> ChurnResult:
+              settle_s: float = 30.0, during: Callable[[int], None] | None = None,
+              settled: Callable[[int, list[k8s.V1Pod]], None] | None = None) -> ChurnResult:
     """Create `pods` pods in bursts; after each burst settles, delete a random `delete_fraction` of the live ones.
-    `during(burst_number)` runs right after each burst is created (fault injection). Returns what became of every
-    pod."""
+    `during(burst_number)` runs right after each burst is created (fault injection); `settled(burst_number, pods)`
+    once the burst's pods settled, before any deletion (the pods as the watch last saw them: checks of them while
+    the churn goes on). Returns what became of every pod."""
     rng = random.Random(seed)
     shape = shape or Shape()
     res = ChurnResult()
@@ -208,6 +210,9 @@ def run_churn(core: k8s.CoreV1Api, ns: str, books: Callable[[], dict[str, dict[s
                 during(burst_no)  # while the burst is in flight
             burst_no += 1
             w.wait(lambda ps, names=names: all(_settled_or_stuck(ps.get(x)) for x in names), settle_s)
+            if settled is not None:
+                snap = w.snapshot()
+                settled(burst_no - 1, [snap[x] for x in names if x in snap])
             live = [name for name, p in w.snapshot().items() if p.status.phase == "Running"
                     and p.metadata.deletion_timestamp is None]
             for name in rng.sample(live, int(len(live) * delete_fraction)):
