@@ -223,3 +223,25 @@ def test_exec_runs_in_the_container_and_reports_the_exit_code(realk8s: Cluster, 
     assert (out["exitCode"], out["stdout"], out["stderr"]) == (4, "ex\n", "oops\n")
     missing = realk8s.exec(ns, "ex", "c", ["/no/such/tool"])
     assert missing["exitCode"] != 0 and "/no/such/tool" in (missing.get("error") or missing["stderr"]), missing
+
+
+def test_containers_outlive_a_restart_of_their_node_agent_and_keep_their_volumes(realk8s: Cluster, ns: str) -> None:
+    """As containers outlive a kubelet's restart: the restarted node agent adopts the running container (the same
+    container, no restart) and sets the pod's volumes up again without taking them from under it."""
+    realk8s.core.create_namespaced_config_map(ns, {"metadata": {"name": "cfg"}, "data": {"greeting": "hello"}})
+    node = realk8s.nodes[-1]
+    body = bare("kept", [sh("c", "sleep 3600", volumeMounts=[{"name": "cfg", "mountPath": "/cfg"}])],
+                restart="Always", volumes=[{"name": "cfg", "configMap": {"name": "cfg"}}], nodeName=node.name)
+    realk8s.core.create_namespaced_pod(ns, body)
+    before = until(realk8s, ns, "kept", lambda p: p.status.phase == "Running", "Running")
+    node.agent.restart(timeout=60)
+    try:  # the restarted agent serves its API at once and reads its pods from the apiserver a moment later
+        node.agent.wait_books(lambda b: any(p["name"] == "kept" for p in b["pods"]), timeout=30)
+        out = realk8s.exec(ns, "kept", "c", ["cat", "/cfg/greeting"])
+        assert (out["exitCode"], out["stdout"]) == (0, "hello"), out
+        after = realk8s.core.read_namespaced_pod("kept", ns)
+        assert after.status.phase == "Running"
+        assert status_of(after, "c").restart_count == 0
+        assert status_of(after, "c").container_id == status_of(before, "c").container_id
+    finally:
+        realk8s.wait_node_serving(node, timeout=90)  # its daemon registers again with the restarted agent

@@ -143,29 +143,43 @@ func mode(m *int32, def os.FileMode) os.FileMode {
 	return os.FileMode(*m)
 }
 
-// writeFiles replaces dir's files with files (relative path -> content).
+// writeFiles makes dir hold exactly files (relative path -> content). The directory itself is kept (its containers
+// have it bind-mounted: a restarted node agent sets a running pod's volumes up again), files it no longer holds
+// are removed, and each file is written whole under a temporary name and renamed into place.
 func writeFiles(dir string, files map[string][]byte, perm os.FileMode) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	keep := map[string]bool{}
 	for rel, data := range files {
 		clean := filepath.Clean(rel)
 		if filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
 			return fmt.Errorf("path %q escapes the volume", rel)
 		}
+		keep[clean] = true
 		p := filepath.Join(dir, clean)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(p, data, perm); err != nil {
+		tmp := p + ".tmp"
+		if err := os.WriteFile(tmp, data, perm); err != nil {
 			return err
 		}
-		_ = os.Chmod(p, perm)
+		_ = os.Chmod(tmp, perm)
+		if err := os.Rename(tmp, p); err != nil {
+			return err
+		}
 	}
-	return nil
+	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		if !keep[rel] {
+			return os.Remove(path)
+		}
+		return nil
+	})
 }
 
 func pick(data map[string][]byte, items []v1.KeyToPath, what, ns, name string, optional bool) (map[string][]byte, error) {
