@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fake_gpu_ident.h"
 #include "fake_cuda_mem.h"
 
 #define HANDLE_TAG (1ULL << 62)
@@ -230,7 +231,8 @@ static int share(struct phys *p)
         close(fd);
         return -1;
     }
-    uint64_t id = ((uint64_t)getpid() << 32) ^ p->handle ^ (uint64_t)(uintptr_t)s;
+    /* the process as the node knows it: in a container getpid() is the same small number in every one */
+    uint64_t id = ((uint64_t)(uint32_t)fake_ident_self() << 32) ^ p->handle ^ (uint64_t)(uintptr_t)s;
     *s = (struct shared){SHARED_MAGIC, id, p->bytes, (uint32_t)fake_devices[p->dev].slot, 1};
     p->shared = s;
     p->fd = fd;
