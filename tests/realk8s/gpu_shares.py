@@ -2,10 +2,10 @@
 
 Each container named runs NVIDIA's CUDA runtime probe (tests/cuda/rt_probe.cu, `launchfor`: kernels back to back)
 through `kubectl exec`, all at the same time, under whatever its node gave it (the shim preloaded, its limits file).
-The fake driver times a kernel only with FAKE_CUDA_NS_PER_BLOCK in the process's env, which the node agents do not
-pass into containers: the exec sets it. What each container got is read from the node's GPU timeline
-(`FakeDriver.process_times`: the GPU time of each process, under its host pid), not from the shim: each process is
-told apart by a token in its env, read from /proc of the host.
+The fake driver times a kernel only with FAKE_CUDA_NS_PER_BLOCK in the process's env, which the node agents pass
+into GPU containers (tests/realk8s/node_runtime.py); the exec sets the same values too. What each container got is
+read from the node's GPU timeline (`FakeDriver.process_times`: the GPU time of each process, under its host pid),
+not from the shim: each process is told apart by a token in its env, read from /proc of the host.
 """
 
 from __future__ import annotations

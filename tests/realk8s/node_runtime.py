@@ -17,6 +17,8 @@ from tests.realk8s.podnetwork import PodNetwork
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "build" / "fakes"
+NS_PER_BLOCK = 1000  # the fake GPU's time per kernel block (fakes/README.md, "The timeline")
+QUEUE_US = 20000  # work a process may have queued on it before a launch blocks
 
 
 @dataclass
@@ -63,6 +65,10 @@ class NodeRuntime:
                 f"--toolkit-accept-envvar-when-unprivileged={str(not self.volume_mounts).lower()}"]
         if driver is not None:
             args += ["--nvidia-config", str(driver.config_path), "--nvidia-libs", str(FAKES)]
+            # kernels take GPU time on the node's shared timeline (1 us per block), as on a GPU: compute shares and
+            # their throttling are then what a workload meets
+            args += ["--nvidia-env", f"FAKE_CUDA_NS_PER_BLOCK={NS_PER_BLOCK}", "--nvidia-env",
+                     f"FAKE_CUDA_QUEUE_US={QUEUE_US}"]
             for k, v in sorted(driver.env().items()):
                 if k not in ("FAKE_NVML_CONFIG", "LD_LIBRARY_PATH"):
                     args += ["--nvidia-env", f"{k}={v}"]
