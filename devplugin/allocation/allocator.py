@@ -90,6 +90,9 @@ class Allocator(PairingFallback, ViewSync):
     on_guess: Callable[[], object] = field(default=lambda: None)
     # Reads the kubelet's PodResources now and syncs the view with it (None when it cannot be asked).
     read_kubelet: Callable[[], KubeletListing | None] | None = None
+    # Reads only which pods the kubelet lists now, no sync (None when it cannot be asked): without a pod cache, the
+    # second call of a container placed by node-local pairing needs no more (PairingFallback._listed_pods).
+    read_pods: Callable[[], frozenset[tuple[str, str]] | None] | None = None
 
     def __post_init__(self) -> None:
         self.recent = RecentShares(PARTNER_MINIMUM)

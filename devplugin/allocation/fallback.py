@@ -37,6 +37,7 @@ class PairingFallback:
     healthy: Callable[[str], bool]
     refresh: Callable[[], object] | None
     read_kubelet: Callable[[], KubeletListing | None] | None
+    read_pods: Callable[[], frozenset[tuple[str, str]] | None] | None
     on_guess: Callable[[], object]
     lookup: PodLookup | None
     _lock: threading.RLock
@@ -63,7 +64,7 @@ class PairingFallback:
         res = self.node.resource_name(kind)
         if len(must) > 1:
             raise RequestError(f"{res}: must-include IDs span {len(must)} GPUs; one container's share is on one GPU")
-        dec = self._joined(self.book.current(kind, for_allocate=False), kind)
+        dec = self._joined(self.book.current(kind, for_allocate=False), kind, preferring=True)
         kubelet_pods = None
         if dec is not None:
             target = dec.gpus[0]
@@ -215,21 +216,22 @@ class PairingFallback:
             return {}
         return {u: cap(self.holdings.free(Kind.CORE, u)) for u in uuids}
 
-    def _joined(self, dec: Decision | None, kind: Kind) -> Decision | None:
+    def _joined(self, dec: Decision | None, kind: Kind, preferring: bool = False) -> Decision | None:
         """`dec` if this call of `kind` is its container's other resource, as far as the kubelet's PodResources can
         tell; None when it is the next container's first. The kubelet puts a pod in its pod manager (which
         PodResources lists) just before admitting it, one pod at a time: a pod listed now that was not when the
         decision opened means the decision's pod was done (whether the kubelet admitted it or rejected it by itself
         for too few devices of its other resource). Whether the first half's devices are listed says nothing: the
-        kubelet does not list init containers."""
+        kubelet does not list init containers. `preferring`: the call is GetPreferredAllocation, which takes its
+        units from the kubelet's own `available` (_listed_pods)."""
         if dec is None or kind in dec.allocated or kind in dec.preferred or not dec.allocated:
             return dec
         if dec.kubelet_pods is None:
             return dec  # the kubelet could not be asked when it opened: pair by arrival
-        listing = self.read_kubelet() if self.read_kubelet is not None else None
-        if listing is None or listing.pods <= dec.kubelet_pods:
+        listed = self._listed_pods() if preferring else self._kubelet_pods()
+        if listed is None or listed <= dec.kubelet_pods:
             return dec
-        later = sorted(listing.pods - dec.kubelet_pods)[0]
+        later = sorted(listed - dec.kubelet_pods)[0]
         why = f"the kubelet has moved on to pod {later[0]}/{later[1]}"
         if not why:
             return dec
@@ -237,6 +239,20 @@ class PairingFallback:
                  extra={"fields": {"resource": self.node.resource_name(kind), "state_dir": dec.dir_name}})
         self.book.close()
         return None
+
+    def _listed_pods(self) -> frozenset[tuple[str, str]] | None:
+        """The pods the kubelet lists now (None when it cannot be asked), for the GetPreferredAllocation of a
+        container's second resource. Without a pod cache that is all it needs: its GPU was chosen on its first call,
+        right after a sync; its units come from the kubelet's `available`, which frees the stale holders of this
+        resource (Allocator._observe); a sync now could name no container (no pods to name them from) and would
+        only forget ended holders a moment before the next container's first call does, before that places
+        anything. It still syncs when the last sync kept devices the kubelet did not list (Holdings.unsettled: a
+        container that ended just after its Allocate), which a sync a moment later may forget; and with a pod
+        cache, where the kubelet lists the first resource's devices by now and the sync names the container from
+        them (ViewSync.reconcile)."""
+        if self.lookup is None and self.read_pods is not None and not self.holdings.unsettled:
+            return self.read_pods()
+        return self._kubelet_pods()
 
     def _kubelet_pods(self) -> frozenset[tuple[str, str]] | None:
         """The pods the kubelet lists now, the node view synced with it (None when it cannot be asked)."""

@@ -54,6 +54,9 @@ class Holdings:
         }
         self._owner: dict[str, set[str]] = {}  # device ID -> holders
         self._on_gpu: dict[str, set[str]] = {g.uuid: set() for g in node.gpus}  # GPU UUID -> holders
+        # The last keep_only kept devices the kubelet did not list (got just before the list was asked for, or a
+        # known container whose pod is listed): a list a moment later may forget them.
+        self.unsettled = False
 
     # ------------------------------------------------------------------ changes
     def add(self, holder: str, key: ContainerKey | None, kind: Kind, groups: Mapping[str, Iterable[str]],
@@ -154,8 +157,9 @@ class Holdings:
         (namespace, name) the same list names; a known container never listed yet whose pod the kubelet still
         lists is kept however long its answer takes to be recorded (a loaded kubelet): its pod has not ended."""
         gone = []
+        unsettled = False
         for h in list(self._by_holder.values()):
-            unlisted = {kind: {i for ids in per_gpu.values() for i in ids if i not in held.get(kind, ())}
+            unlisted = {kind: set().union(*per_gpu.values()).difference(held.get(kind, ()))
                         for kind, per_gpu in h.ids.items()}
             total = sum(len(ids) for per_gpu in h.ids.values() for ids in per_gpu.values())
             missing = sum(len(v) for v in unlisted.values())
@@ -164,6 +168,8 @@ class Holdings:
                 waiting = pods is not None and h.key is not None and (h.key.namespace, h.key.pod) in pods
                 if h.listed or not (fresh or waiting):  # listed before and not now, or never and it ended
                     gone.append(h.holder)
+                else:
+                    unsettled = True
                 continue
             h.listed = True
             if missing and h.key is None and not fresh:
@@ -171,6 +177,9 @@ class Holdings:
                 for kind, ids in unlisted.items():
                     if ids:
                         self.release(h.holder, kind, ids)
+            elif missing:
+                unsettled = True
+        self.unsettled = unsettled
         return [h for h in (self.drop(x) for x in gone) if h is not None]
 
     # ------------------------------------------------------------------ reads
@@ -182,7 +191,8 @@ class Holdings:
 
     def owners(self, ids: Iterable[str]) -> set[str]:
         """Holders of any of these devices."""
-        return {h for i in ids for h in self._owner.get(i, ())}
+        get = self._owner.get  # on every PodResources sync, for every device listed: kept to set operations
+        return set().union(*[get(i, ()) for i in ids])
 
     def used(self, kind: Kind, uuid: str) -> int:
         return len(self._use[kind][uuid])

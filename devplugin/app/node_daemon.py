@@ -158,6 +158,7 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     allocator.refresh = sync.refresh
     allocator.on_guess = sync.poke_soon
     allocator.read_kubelet = sync.sync_listing
+    allocator.read_pods = sync.read_pods
     if reporter is not None:
         reporter.snapshot = allocator.snapshot
     if metrics is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.requests import PodRequest
-from devplugin.kube.podresources import NodeListing, list_node
+from devplugin.kube.podresources import NodeListing, list_node, list_pods
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ class NodeSync:
         no sync."""
         node = self.allocator.node
         return list_node(self.socket, {node.resource_name(k): k for k in node.kinds})
+
+    def read_pods(self) -> frozenset[tuple[str, str]] | None:
+        """The pods the kubelet lists now (None when it cannot be asked); their devices are not read, no sync."""
+        return list_pods(self.socket)
 
     def sync(self) -> bool:
         """One round; False when the kubelet's PodResources could not be read."""
