@@ -39,7 +39,7 @@ $(BUILD)/bin/.helm-$(HELM_VERSION):
 	GOBIN=$(abspath $(BUILD))/bin GOFLAGS=-mod=mod go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	touch $@
 
-test: all helm e2e-bin realk8s-tools
+test: all helm e2e-bin realk8s-tools ray-venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
@@ -70,7 +70,8 @@ E2E_MOD := e2e/go.mod e2e/go.sum
 E2E_AGENT_SRC := $(shell find e2e/cmd/nodeagent e2e/internal -name '*.go' -o -name '*.s' 2>/dev/null)
 
 e2e-bin: $(E2E_BIN)/etcd $(E2E_BIN)/kube-apiserver $(E2E_BIN)/kube-scheduler $(E2E_BIN)/kube-controller-manager \
-	$(E2E_BIN)/nodeagent $(E2E_BIN)/containershim $(E2E_BIN)/serviceproxy $(E2E_BIN)/stubplugin $(E2E_BIN)/stubdra
+	$(E2E_BIN)/nodeagent $(E2E_BIN)/containershim $(E2E_BIN)/serviceproxy $(E2E_BIN)/stubplugin $(E2E_BIN)/stubdra \
+	$(E2E_BIN)/.ray-operator-$(KUBERAY_VERSION)
 
 e2e-go-check:
 	@$(GO) version >/dev/null 2>&1 || { echo "make e2e-bin needs Go 1.26 (https://go.dev/dl/) on PATH or GO=/path/to/go" >&2; exit 1; }
@@ -102,6 +103,28 @@ $(E2E_BIN)/stubplugin: $(E2E_MOD) $(wildcard e2e/cmd/stubplugin/*.go) | e2e-go-c
 $(E2E_BIN)/stubdra: $(E2E_MOD) $(wildcard e2e/cmd/stubdra/*.go) | e2e-go-check
 	cd e2e && $(GO) build -o bin/ ./cmd/stubdra
 	@touch $@
+
+# The KubeRay operator the KubeRay tests run against the test cluster (tests/realk8s/kuberay.py), built from the Go
+# module proxy as its own module: `go install` of the released version uses the operator's own go.mod (its
+# Kubernetes client libraries), apart from e2e/go.mod's pinned Kubernetes. Its CRDs and RBAC are read from the same
+# module in Go's module cache (`go mod download -json` prints where).
+KUBERAY_VERSION := v1.5.0
+KUBERAY_MODULE  := github.com/ray-project/kuberay/ray-operator
+$(E2E_BIN)/.ray-operator-$(KUBERAY_VERSION): | e2e-go-check
+	mkdir -p $(E2E_BIN)
+	GOBIN=$(abspath $(E2E_BIN)) GOFLAGS=-mod=mod $(GO) install $(KUBERAY_MODULE)@$(KUBERAY_VERSION)
+	touch $@
+
+# Ray for the KubeRay tests' image (gpushare.test/ray:2.60.0, tests/realk8s/images.py): Ray 2.60.0 with its dashboard
+# and autoscaler, and CuPy, in a venv of its own made from the project venv's Python (the image mounts both).
+RAY_VENV := .venv-ray
+.PHONY: ray-venv
+ray-venv: $(RAY_VENV)/.installed
+$(RAY_VENV)/.installed: requirements-ray.txt | $(VENV)/.installed
+	$(PY) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(RAY_VENV)/bin/python -m pip install -q -r requirements-ray.txt
+	touch $@
 
 # The container tools of the realk8s tests: runc runs the pods' containers (the node agent's --runtime runc),
 # mmdebstrap and buildah build the product's image from the Dockerfile (tests/realk8s/product_image.py). Installed

@@ -11,7 +11,10 @@ can mount files beneath it), and read-only layers for the Python the project's v
 - `gpushare.test/cuda:13.0`: a CUDA base image, as NVIDIA's are: `NVIDIA_VISIBLE_DEVICES=all`,
   `NVIDIA_DRIVER_CAPABILITIES=compute,utility`, `CUDA_VERSION`, `NVIDIA_REQUIRE_CUDA`; runs `sleep infinity`;
 - `gpushare.test/workload:1`: the same, running the workload probe (prints its view, then waits);
-- `gpushare.test/plain:1`: a Python image without NVIDIA's ENV; runs `sleep infinity`.
+- `gpushare.test/plain:1`: a Python image without NVIDIA's ENV; runs `sleep infinity`;
+- `gpushare.test/ray:2.60.0`: Ray 2.60.0 with its dashboard and autoscaler and CuPy (the venv `make ray-venv` makes,
+  `.venv-ray`), with the ENV of Ray's GPU images (NVIDIA's, Ray's Python first on PATH, TZ, LC_ALL, LANG), for the
+  KubeRay tests; listed only once that venv exists.
 
 A reference the table does not hold fails the container with ErrImagePull, as a kubelet shows a failed pull.
 """
@@ -29,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 CUDA_IMAGE = "gpushare.test/cuda:13.0"
 WORKLOAD_IMAGE = "gpushare.test/workload:1"
 PLAIN_IMAGE = "gpushare.test/plain:1"
+RAY_IMAGE = "gpushare.test/ray:2.60.0"
+RAY_VENV = REPO / ".venv-ray"
 TOOLS_IN_IMAGE = "/opt/gpushare-test"
 VENV = REPO / ".venv"
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -84,9 +89,33 @@ def build(directory: Path, tools: dict[str, Path]) -> Path:
                          "id": "sha256:workload-1"},
         PLAIN_IMAGE: {**base, "env": env, "cmd": ["sleep", "infinity"], "id": "sha256:plain-1"},
     }}
+    if (RAY_VENV / "bin" / "ray").exists():
+        table["images"][RAY_IMAGE] = ray_image(root, tools_dir)
     path = directory / "images.json"
     path.write_text(json.dumps(table, indent=1))
     return path
+
+
+def ray_image(root: Path, tools_dir: Path) -> dict[str, Any]:
+    """The Ray image's entry: this machine's /usr, Ray's venv and the Python it was made from, the test tools; the
+    ENV of Ray's GPU images (rayproject/ray:*-gpu: NVIDIA's CUDA base ENV, Ray's Python first on PATH, TZ, LC_ALL,
+    LANG). It runs as root where Ray's images run as their user `ray`; its working directory is /."""
+    home = Path(sys.base_prefix)
+    for line in (RAY_VENV / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            home = Path(value.strip()).parent
+    layers: list[dict[str, Any]] = [
+        {"source": "/usr", "destination": "/usr", "writable": True},
+        {"source": str(home), "destination": str(home)},
+        {"source": str(RAY_VENV), "destination": str(RAY_VENV)},
+        {"source": str(tools_dir), "destination": TOOLS_IN_IMAGE},
+    ]
+    env = [f"PATH={RAY_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "TZ=America/Los_Angeles", "LC_ALL=C.UTF-8", "LANG=C.UTF-8", f"GPUSHARE_TEST_TOOLS={TOOLS_IN_IMAGE}",
+           *NVIDIA_ENV]
+    return {"rootfs": str(root), "layers": layers, "workingDir": "/", "env": env, "cmd": ["sleep", "infinity"],
+            "id": "sha256:ray-2.60.0"}
 
 
 def default_tools() -> dict[str, Path]:
