@@ -16,9 +16,12 @@ dashboard (`ray job submit`, from inside the head container).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -30,7 +33,6 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.realk8s import kubeconfigs, manifests
-from tests.realk8s.binaries import E2E_BIN
 from tests.realk8s.cluster import BIN, Cluster
 from tests.realk8s.images import RAY_VENV
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
@@ -53,9 +55,11 @@ def missing() -> list[str]:
 
 
 def module_dir() -> Path:
-    """The operator module's source in Go's module cache (downloaded by `make e2e-bin`)."""
-    proc = subprocess.run(["go", "mod", "download", "-json", f"{MODULE}@{VERSION}"], capture_output=True, text=True,
-                          cwd=E2E_BIN.parent)
+    """The operator module's source in Go's module cache (downloaded by `make e2e-bin`), found from outside any
+    module so that no go.mod or go.sum is touched."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"  # as the Makefile's GO
+    proc = subprocess.run([go, "mod", "download", "-json", f"{MODULE}@{VERSION}"], capture_output=True, text=True,
+                          cwd=tempfile.gettempdir(), env={**os.environ, "GOFLAGS": ""})
     if proc.returncode != 0:
         raise ComponentFailed(f"go mod download {MODULE}@{VERSION} failed (run `make e2e-bin`, which downloads it): "
                               f"{proc.stderr.strip() or proc.stdout.strip()}")
