@@ -76,6 +76,10 @@ class Allocator(PairingFallback, ViewSync):
     lookup: PodLookup | None = None
     reporter: Reporter = field(default_factory=Reporter)
     lookup_budget_s: float = 0.3
+    # Once more, this long, for an apiserver that did not answer within the budget (a slow one; one that refuses
+    # answers at once): node-local pairing cannot follow the scheduler's GPU choice, and on a loaded node it placed
+    # a container's first resource where its second had no room.
+    lookup_patience_s: float = 5.0
     healthy: Callable[[str], bool] = field(default=lambda uuid: True)
     # Re-reads the kubelet's PodResources into the node view (Allocator.reconcile); called before a refusal for lack
     # of room, since only a call of the same resource shows its devices free again (a gpu-count pod that ended
@@ -245,6 +249,8 @@ class Allocator(PairingFallback, ViewSync):
             self.on_lookup("cache")
         else:
             fresh = self.lookup.fetch_now(self.lookup_budget_s)
+            if fresh is None and self.lookup_patience_s > 0:
+                fresh = self.lookup.fetch_now(self.lookup_patience_s)
             found = self._candidates(fresh, kind, amount, taken)
             self.on_lookup("direct" if found else "no_answer" if fresh is None else "not_found")
             if not found:

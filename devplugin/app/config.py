@@ -119,6 +119,10 @@ class Config(Settings):
     lookup_budget: float = _opt(
         0.3, "seconds an admission may wait for the apiserver to name the pod (when the pod cache has not seen it "
         "yet); past that the container is placed by node-local pairing and named later", maximum=5.0)
+    lookup_patience: float = _opt(
+        5.0, "seconds an admission waits once more for an apiserver that did not answer within --lookup-budget "
+        "(a slow one: an apiserver that refuses answers at once) before placing by node-local pairing, which cannot "
+        "follow the scheduler's GPU choice", maximum=60.0)
     health_port: int = _opt(
         8089, "port of /healthz and /readyz, the DaemonSet's probes, on every address (0: none); ready once the "
         "node's held devices are known and every resource is registered")

@@ -149,6 +149,7 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     allocator = Allocator(node, pair_window_s=cfg.pair_window, mounts=mounts,
                           lookup=CacheLookup(link) if link.pods is not None else None,
                           reporter=reporter or _BoardOnly(node, board), lookup_budget_s=cfg.lookup_budget,
+                          lookup_patience_s=cfg.lookup_patience,
                           healthy=board.is_healthy)
     # Without the pod cache, PodResources is the only news of pods that ended (the kubelet refuses on its own view
     # of whole GPUs before calling us): read it often; it is a local call of about a millisecond.
