@@ -1,21 +1,34 @@
-"""The control-plane service's own time: extender filter + prioritize over 1,000 nodes x 8 GPUs with 10 pods
-per node placed, bind (the apiserver replaced by a no-op: its own time excluded), and the admission webhooks.
+"""The control-plane service's own time: extender filter + prioritize + preempt over 1,000 nodes x 8 GPUs with 10
+pods per node placed, bind (the apiserver replaced by a no-op: its own time excluded), the admission webhooks, and
+the GPU pods per second that filter + prioritize + bind allow one after the other.
 
 Each call goes through the real Starlette app (JSON body in, pydantic models, JSON out) as uvicorn drives it
 (one ASGI call on an asyncio loop), without a socket: the figures are what the service adds per call; network,
 TLS and HTTP parsing come on top. `function` rows time the plain functions alone. Prints milliseconds, p50 and
-p99.
+p99, the process's CPU time per call beside the wall clock (on a shared machine the wall clock also counts time
+the cores spent on other processes), and the garbage collector's passes during the row's calls (how many, how
+many of them full, the longest).
+
+The cluster is set up as the service sets itself up: its long-lived objects frozen once the lists are in, and the
+oldest generation left to the housekeeping thread where the service does that
+(devplugin/scheduler/service.py). Preempt gets kube-scheduler's MetaVictims: for each candidate node the pods on
+its least-used GPU, for a pod asking for a whole GPU's memory and half its compute; kube-scheduler sends
+max(100, 10 %) of the nodes as candidates by default, and every node at most.
+
+--throughput times GPU pods one after the other as kube-scheduler places them: filter over every node,
+prioritize over the nodes that passed, bind to the best, and the pod's watch event (bound, with the choice) into
+the state, as the informer does; it prints pods per second. --sizes 1000,2500,5000,10000 prints filter,
+prioritize and preempt for several cluster sizes, and their cost per 1,000 nodes.
+
+--code DIR times the package found in DIR (a checkout of another commit, with devplugin/ and
+tests/scheduler_objects.py) with this same script: before and after a change in one run.
 
 --https runs `devplugin scheduler` as its own process over HTTPS (TLS from openssl, state from its watches of a
 fake apiserver holding the same cluster) and times the calls as kube-scheduler and the apiserver make them:
 socket, TLS (kept alive), HTTP, JSON; bind there includes the fake apiserver's Binding.
 
-The in-process app sits behind the same client-certificate check as the served one (the bench's connection is
-recorded as kube-scheduler's); the nodes publish the daemon's usage, which is what the extender counts room from.
-Each row prints the wall clock and the process's CPU time per call: on a shared machine the wall clock also
-counts time the cores spent on other processes.
-
-Run: .venv/bin/python bench/scheduler.py [--nodes 1000] [--calls 200] [--https]
+Run: .venv/bin/python bench/scheduler.py [--nodes 1000] [--calls 200] [--throughput 300] [--sizes 1000,5000]
+     [--code DIR] [--https]
 """
 
 from __future__ import annotations
@@ -26,11 +39,14 @@ import json
 import logging
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--code" in sys.argv:  # before any import of the package: time the one in DIR
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--code") + 1]).resolve()))
 
 import asyncio  # noqa: E402
 
@@ -74,27 +90,61 @@ def cluster(nodes: int, rng: random.Random) -> tuple[ClusterState, list[str]]:
     return state, names
 
 
-def kube_scheduler_app(state: ClusterState) -> object:
+def kube_scheduler_app(state: ClusterState, apiserver: NoApiserver | None = None) -> object:
     """The app as served: behind the client-certificate check, with this bench's connection named kube-scheduler."""
     peers = PeerNames()
     peers.note(CLIENT, ("kube-scheduler",))  # what the TLS handshake of kube-scheduler's connection records
-    return ExtenderAuth(build_app(Service(state, NoApiserver())), peers, ["kube-scheduler"])
+    return ExtenderAuth(build_app(Service(state, apiserver or NoApiserver())), peers, ["kube-scheduler"])
 
 
 CPU_MS: list[float] = []  # the CPU time of the last timed() calls, for row()
 
 
+class GcPasses:
+    """The garbage collector's passes while it listens: how many, how many full (the oldest generation), and
+    how long each took (ms)."""
+
+    def __init__(self) -> None:
+        self.listening = False
+        self.passes: list[tuple[int, float]] = []
+        self._start = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if not self.listening:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.passes.append((info["generation"], (time.perf_counter() - self._start) * 1000))
+
+    def text(self) -> str:
+        if not self.passes:
+            return "GC none"
+        full = sum(1 for g, _ in self.passes if g == 2)
+        return f"GC {len(self.passes)} passes ({full} full), longest {max(ms for _, ms in self.passes):.1f} ms"
+
+
+GC = GcPasses()
+
+
 def timed(fn: Callable[[], object], calls: int) -> list[float]:
     """Wall-clock ms per call; the process's CPU ms per call go to CPU_MS (on a shared machine the wall clock also
-    counts the time other processes had the cores; the CPU time is what the service itself spends)."""
+    counts the time other processes had the cores; the CPU time is what the service itself spends); the
+    collector's passes during the calls to GC."""
     fn()  # warm
     out = []
     CPU_MS.clear()
-    for _ in range(calls):
-        t, c = time.perf_counter(), time.process_time()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-        CPU_MS.append((time.process_time() - c) * 1000)
+    GC.passes.clear()
+    GC.listening = True
+    try:
+        for _ in range(calls):
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            out.append((time.perf_counter() - t) * 1000)
+            CPU_MS.append((time.process_time() - c) * 1000)
+    finally:
+        GC.listening = False
     return out
 
 
@@ -102,18 +152,38 @@ def row(name: str, ms: list[float], cpu: list[float] | None = None) -> None:
     cpu = CPU_MS if cpu is None else cpu
     cpu_text = f"CPU p50 {percentile(cpu, 50):7.2f} p99 {percentile(cpu, 99):7.2f} ms" if cpu else "CPU (other process)"
     print(f"{name:<46} wall p50 {percentile(ms, 50):7.2f} p99 {percentile(ms, 99):7.2f} ms   {cpu_text}   "
-          f"({len(ms)} calls)")
+          f"({len(ms)} calls; {GC.text()})")
+
+
+def settle() -> None:
+    """As the service once its first lists are in: the long-lived objects frozen, and, where the service does
+    it, the oldest generation left to its housekeeping thread."""
+    from devplugin.scheduler import service
+
+    gc.collect()
+    gc.freeze()
+    if hasattr(service, "collect_oldest_on_schedule"):
+        service.collect_oldest_on_schedule()
 
 
 class Asgi:
-    """POST a body to the app as uvicorn would: one ASGI call; returns (status, body)."""
+    """POST a body to the app as uvicorn would: one ASGI call on an event loop that runs for good in a thread of
+    its own (as uvicorn's, so the verbs' worker threads are kept between calls); returns (status, body)."""
 
     def __init__(self, app: object) -> None:
         self.app = app
         self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def serve() -> None:  # the root task, as uvicorn's server task
+            ready.set()
+            await asyncio.Event().wait()
+
+        threading.Thread(target=self.loop.run_until_complete, args=(serve(),), daemon=True).start()
+        ready.wait()
 
     def post(self, path: str, content: bytes) -> tuple[int, bytes]:
-        return self.loop.run_until_complete(self._call(path, content))
+        return asyncio.run_coroutine_threadsafe(self._call(path, content), self.loop).result()
 
     async def _call(self, path: str, body: bytes) -> tuple[int, bytes]:
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
@@ -232,38 +302,165 @@ def over_https(nodes: int, calls: int) -> int:
     return 0
 
 
+def candidates(count: int) -> int:
+    """How many candidate nodes kube-scheduler's preemption sends by default (minCandidateNodesPercentage 10,
+    minCandidateNodesAbsolute 100) in a cluster of `count` nodes."""
+    return min(count, max(100, count // 10))
+
+
+def preemption(state: ClusterState, names: list[str], victims_on: int) -> bytes:
+    """kube-scheduler's preemption call for a pod asking a whole GPU's memory and half its compute, with
+    `victims_on` candidate nodes: on each, the pods of its least-used GPU that holds any."""
+    metas = {}
+    for name in names[:victims_on]:
+        by_gpu: dict[int, list[str]] = {}
+        for held in state.pods_on(name):
+            for shares in held.shares.values():
+                for share in shares:
+                    by_gpu.setdefault(share.index, []).append(held.uid)
+        uids = min(by_gpu.values(), key=len) if by_gpu else []
+        metas[name] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}
+    return json.dumps({"Pod": pod("preemptor", containers=[container(mem=UNITS, core=50)]),
+                       "NodeNameToMetaVictims": metas}).encode()
+
+
+def verbs(http: Asgi, state: ClusterState, names: list[str], calls: int, label: str = "") -> dict[str, list[float]]:
+    """filter (every node passes), filter (every node fails, with reasons), prioritize, and preempt with the
+    default candidates and with every node; prints a row each, returns their wall-clock times and CPU times."""
+    asks = pod("bench", containers=[container(mem=12, core=20)])
+    body = json.dumps({"Pod": asks, "NodeNames": names}).encode()
+    too_big = pod("too-big", containers=[container(mem=UNITS + 1, core=50)])  # fails everywhere, with reasons
+    tight = json.dumps({"Pod": too_big, "NodeNames": names}).encode()
+    for verb, b in (("filter", body), ("filter", tight), ("prioritize", body)):
+        status, answer = http.post(f"/scheduler/{verb}", content=b)
+        assert status == 200, answer
+    passed = json.loads(http.post("/scheduler/filter", content=body)[1])
+    failed = json.loads(http.post("/scheduler/filter", content=tight)[1])
+    n = len(names)
+    out: dict[str, list[float]] = {}
+
+    def one(key: str, title: str, path: str, content: bytes) -> None:
+        out[key] = timed(lambda: http.post(path, content=content), calls)
+        out[key + " cpu"] = list(CPU_MS)
+        row(f"{label}{title}", out[key])
+
+    one("filter", f"filter, {len(passed['NodeNames'])} of {n} nodes pass", "/scheduler/filter", body)
+    one("filter fail", f"filter, {len(failed['FailedNodes'])} of {n} failing, with reasons", "/scheduler/filter",
+        tight)
+    one("prioritize", f"prioritize, {n} nodes", "/scheduler/prioritize", body)
+    few = candidates(n)
+    for key, count in (("preempt", few), ("preempt all", n)):
+        pre = preemption(state, names, count)
+        status, answer = http.post("/scheduler/preempt", content=pre)
+        assert status == 200, answer
+        kept = len(json.loads(answer)["NodeNameToMetaVictims"])
+        one(key, f"preempt, {count} candidate nodes ({kept} kept)", "/scheduler/preempt", pre)
+    return out
+
+
+def throughput(http: Asgi, state: ClusterState, names: list[str], pods: int) -> None:
+    """GPU pods one after the other as kube-scheduler places them: filter over every node, prioritize over those
+    that passed, bind to the best, then the pod's watch event (bound, with the choice) into the state. Counted:
+    the service's time (its calls and the watch event), not the bench's own JSON as kube-scheduler."""
+    written: dict[str, Mapping[str, str]] = {}
+
+    class Recorder(NoApiserver):
+        def bind_pod(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+            written[name] = annotations
+
+    app = Asgi(kube_scheduler_app(state, Recorder()))
+    rng = random.Random(11)
+    queue = [pod(f"t{i}", mem=rng.choice((2, 4, 8)), core=rng.choice((0, 5, 10))) for i in range(pods + 5)]
+    for p in queue:
+        state.upsert_pod(p)  # the pending pods, as the watch shows them
+    spent = [0.0, 0.0]  # the service's wall clock and CPU time
+
+    def service(fn: Callable[[], object]) -> object:
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return fn()
+        finally:
+            spent[0] += time.perf_counter() - t
+            spent[1] += time.process_time() - c
+
+    def place(p: dict) -> None:
+        body = json.dumps({"Pod": p, "NodeNames": names}).encode()
+        _, answer = service(lambda: app.post("/scheduler/filter", content=body))  # type: ignore[misc]
+        passed = json.loads(answer)["NodeNames"]
+        body = json.dumps({"Pod": p, "NodeNames": passed}).encode()
+        _, answer = service(lambda: app.post("/scheduler/prioritize", content=body))  # type: ignore[misc]
+        scores = json.loads(answer)
+        best = max(scores, key=lambda h: h["Score"])["Host"] if len(scores) > 1 else passed[0]
+        meta = p["metadata"]
+        body = json.dumps({"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"],
+                           "Node": best}).encode()
+        status, answer = service(lambda: app.post("/scheduler/bind", body))  # type: ignore[misc]
+        assert status == 200 and json.loads(answer)["Error"] == "", answer
+        bound = json.loads(json.dumps(p))
+        bound["spec"]["nodeName"] = best
+        bound["metadata"]["annotations"].update(written.pop(meta["name"]))
+        service(lambda: state.upsert_pod(bound))
+
+    for p in queue[:5]:
+        place(p)  # warm
+    spent[:] = [0.0, 0.0]
+    GC.passes.clear()
+    GC.listening = True
+    for p in queue[5:]:
+        place(p)
+    GC.listening = False
+    wall, cpu = spent
+    print(f"throughput: filter ({len(names)} nodes) + prioritize + bind + the pod's watch event, one pod after "
+          f"the other: {pods / wall:.0f} pods/s by the wall clock, {pods / cpu:.0f} pods/s of the process's CPU "
+          f"({pods} pods, {wall * 1000 / pods:.2f} ms wall / {cpu * 1000 / pods:.2f} ms CPU each; {GC.text()})")
+
+
+def sizes(text: str, calls: int) -> None:
+    """filter, prioritize and preempt at several cluster sizes, and their CPU time per 1,000 nodes."""
+    table = []
+    for count in (int(x) for x in text.split(",")):
+        gc.unfreeze()
+        gc.collect()
+        state, names = cluster(count, random.Random(7))
+        settle()
+        print(f"-- {count} nodes")
+        times = verbs(Asgi(kube_scheduler_app(state)), state, names, calls, f"{count:>5} nodes: ")
+        table.append((count, times))
+        del state, names
+    print("CPU p50 per 1,000 nodes (ms):")
+    keys = ("filter", "filter fail", "prioritize", "preempt all")
+    print(f"{'nodes':>7} " + " ".join(f"{k:>12}" for k in keys))
+    for count, times in table:
+        print(f"{count:>7} " + " ".join(f"{percentile(times[k + ' cpu'], 50) * 1000 / count:>12.3f}" for k in keys))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--throughput", type=int, default=300, metavar="PODS",
+                    help="GPU pods placed one after the other for the pods/s line (0: none)")
+    ap.add_argument("--sizes", default="", help="comma-separated cluster sizes: the verbs at each, instead of the rest")
+    ap.add_argument("--code", default="", metavar="DIR", help="time the package in DIR (a checkout of another commit)")
     ap.add_argument("--https", action="store_true", help="time `devplugin scheduler` as a process over HTTPS")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
+    if args.code:
+        print(f"code: {Path(extender.__file__).resolve().parents[2]}")
     if args.https:
         return over_https(args.nodes, args.calls)
+    if args.sizes:
+        sizes(args.sizes, args.calls)
+        return 0
     rng = random.Random(7)
     t = time.perf_counter()
     state, names = cluster(args.nodes, rng)
     print(f"cluster: {args.nodes} nodes x {GPUS} GPUs x {UNITS} GiB, {args.nodes * PODS_PER_NODE} pods placed "
           f"(built in {time.perf_counter() - t:.1f} s)")
-    gc.collect()
-    gc.freeze()  # as the service does once its first lists are in (service.freeze_long_lived)
+    settle()
     http = Asgi(kube_scheduler_app(state))
+    verbs(http, state, names, args.calls)
     asks = pod("bench", containers=[container(mem=12, core=20)])
-    body = json.dumps({"Pod": asks, "NodeNames": names}).encode()
-    for verb in ("filter", "prioritize"):
-        status, answer = http.post(f"/scheduler/{verb}", content=body)
-        assert status == 200, answer
-    passed = json.loads(http.post("/scheduler/filter", content=body)[1])
-    print(f"filter answer: {len(passed['NodeNames'])} nodes pass, {len(passed['FailedNodes'])} fail")
-
-    row("filter (HTTP, NodeNames)", timed(lambda: http.post("/scheduler/filter", content=body), args.calls))
-    too_big = pod("too-big", containers=[container(mem=UNITS + 1, core=50)])  # fails everywhere, with reasons
-    tight = json.dumps({"Pod": too_big, "NodeNames": names}).encode()
-    verdict = json.loads(http.post("/scheduler/filter", content=tight)[1])
-    row(f"filter, {len(verdict['FailedNodes'])} nodes failing, with reasons",
-        timed(lambda: http.post("/scheduler/filter", content=tight), args.calls))
-    row("prioritize (HTTP, NodeNames)", timed(lambda: http.post("/scheduler/prioritize", content=body), args.calls))
     row("filter (function)", timed(lambda: extender.filter_nodes(state, asks, names), args.calls))
     row("prioritize (function)", timed(lambda: extender.prioritize(state, asks, names), args.calls))
 
@@ -299,6 +496,8 @@ def main() -> int:
     row("mutating webhook (HTTP)", timed(lambda: http.post("/admission/mutate", content=gpu_pod), args.calls * 5))
     obj = json.loads(gpu_pod)["request"]["object"]
     row("validate (function)", timed(lambda: admission.validate(obj, UNITS), args.calls * 5))
+    if args.throughput:
+        throughput(http, state, names, args.throughput)
     return 0
 
 

@@ -80,7 +80,7 @@ def test_the_rbac_is_what_the_plugin_calls() -> None:
     role = next(d for d in yaml.safe_load_all((COMPONENT / "rbac.yaml").read_text()) if d["kind"] == "ClusterRole")
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
     assert rules == {("resource.k8s.io", "resourceslices"): {"get", "list", "create", "update", "delete"},
-                     ("resource.k8s.io", "resourceclaims"): {"get"}, ("", "pods"): {"get"},
+                     ("resource.k8s.io", "resourceclaims"): {"get"}, ("", "pods"): {"get", "list", "watch"},
                      ("", "nodes"): {"list", "watch"},
                      ("authentication.k8s.io", "tokenreviews"): {"create"},
                      ("authorization.k8s.io", "subjectaccessreviews"): {"create"}}

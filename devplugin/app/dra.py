@@ -18,6 +18,7 @@ from devplugin.dra.checkpoint import CheckpointError
 from devplugin.dra.conflicts import ConflictCheck
 from devplugin.dra.metrics import DraMetrics
 from devplugin.dra.plugin import DraPlugin
+from devplugin.dra.pods import PodsOnNode
 from devplugin.dra.prepare import Preparer
 from devplugin.dra.publisher import SlicePublisher
 from devplugin.dra.slices import build_slices, devices_by_name
@@ -92,9 +93,11 @@ def run(cfg: DraConfig) -> int:
         resp = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S)
         return json.loads(resp.data)  # type: ignore[attr-defined]
 
+    pods = PodsOnNode(api, node)  # the pods a claim is reserved for, without a GET each (devplugin/dra/pods.py)
     try:
         preparer = Preparer(node, devices_by_name(gpus), read_claim, Path(cfg.cdi_dir),
-                            Path(cfg.plugin_dir) / CHECKPOINT_FILE, shim=shim, conflicts=ConflictCheck(read_pod))
+                            Path(cfg.plugin_dir) / CHECKPOINT_FILE, shim=shim,
+                            conflicts=ConflictCheck(read_pod, pods.get))
     except (CheckpointError, OSError) as exc:
         log.error("cannot read what this plugin prepared before: %s. Repair or move the file away only after every "
                   "pod with a claim of this node ended (their claims would not be unprepared)", exc)
@@ -144,6 +147,7 @@ def run(cfg: DraConfig) -> int:
     log.info("node %s: %d GPUs for DRA driver %s", node, len(gpus), contract.DRA_DRIVER,
              extra={"fields": {"node": node, "gpus": len(gpus)}})
     watch.start()
+    pods.start()
     plugin.start()
     try:
         while not stop.wait(MODE_CHECK_S):
@@ -152,6 +156,7 @@ def run(cfg: DraConfig) -> int:
         plugin.stop()
         health.stop()
         watch.stop()
+        pods.stop()
         stop_endpoints(servers)
         log.info("stopped", extra={"fields": {"node": node}})
     return 0

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 MAX_PODS = 8  # pods of one call whose spec is read
 ReadPod = Callable[[str, str], object]  # (namespace, name) -> the Pod as JSON
+CachedPod = Callable[[str, str, str], "dict | None"]  # (namespace, name, UID) -> the Pod, when known with that UID
 
 
 def our_requests(claim: object) -> set[str]:
@@ -38,15 +39,16 @@ def _obj(value: object) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def reserved_pods(claim: object) -> list[tuple[str, str]]:
-    """(namespace, name) of the pods a claim is reserved for."""
+def reserved_pods(claim: object) -> list[tuple[str, str, str]]:
+    """(namespace, name, UID) of the pods a claim is reserved for (UID '' when the entry has none)."""
     if not isinstance(claim, dict):
         return []
     ns = str((claim.get("metadata") or {}).get("namespace", ""))
     out = []
     for r in (claim.get("status") or {}).get("reservedFor") or []:
         if isinstance(r, dict) and r.get("resource") == "pods" and isinstance(r.get("name"), str):
-            out.append((ns, r["name"]))
+            uid = r.get("uid")
+            out.append((ns, r["name"], uid if isinstance(uid, str) else ""))
     return out
 
 
@@ -88,11 +90,31 @@ def containers_with_two(pod: Mapping[str, object], ours: Mapping[str, set[str]])
     return bad
 
 
-class ConflictCheck:
-    """Reads the pods a call's claims are reserved for and refuses claims that share a container."""
+def names_every_claim(pod: object) -> bool:
+    """Every claim the pod's spec lists resolves to a ResourceClaim name (a claim from a template does once the
+    controller has written it in status.resourceClaimStatuses)."""
+    if not isinstance(pod, dict):
+        return False
+    refs = _obj(pod.get("spec")).get("resourceClaims") or []
+    return len(pod_claim_names(pod)) == len([r for r in refs if isinstance(r, dict)])
 
-    def __init__(self, read_pod: ReadPod) -> None:
+
+class ConflictCheck:
+    """Reads the pods a call's claims are reserved for and refuses claims that share a container. A pod comes from
+    `cached` (devplugin/dra/pods.py: the pods the watch shows on this node) when it holds it with the UID the claim
+    is reserved for and with every claim named, else from the apiserver (`read_pod`)."""
+
+    def __init__(self, read_pod: ReadPod, cached: CachedPod | None = None) -> None:
         self.read_pod = read_pod
+        self.cached = cached
+        self.reads = 0  # pods read from the apiserver (a pod the watch did not show yet, or without a cache)
+
+    def _pod(self, ns: str, name: str, uid: str) -> object:
+        pod = self.cached(ns, name, uid) if self.cached is not None and uid else None
+        if pod is not None and _obj(pod.get("metadata")).get("uid") == uid and names_every_claim(pod):
+            return pod
+        self.reads += 1
+        return self.read_pod(ns, name)
 
     def check(self, refs: Sequence[ClaimRef], claims: Mapping[str, object],
               prepared: Mapping[str, PreparedClaim]) -> dict[str, str]:
@@ -106,9 +128,9 @@ class ConflictCheck:
             ours_by_ns.setdefault(p.namespace, {})[p.name] = {r for d in p.devices for r in d.request_names}
         pods = list(dict.fromkeys(pod for ref in refs for pod in reserved_pods(claims.get(ref.uid))))[:MAX_PODS]
         out: dict[str, str] = {}
-        for ns, name in pods:
+        for ns, name, uid in pods:
             try:
-                pod = self.read_pod(ns, name)
+                pod = self._pod(ns, name, uid)
             except Exception as exc:  # noqa: BLE001 - a pod that cannot be read is not checked, and the log says so
                 log.warning("cannot read pod %s/%s to check its containers' claims: %s", ns, name, exc,
                             extra={"fields": {"namespace": ns, "pod": name}})

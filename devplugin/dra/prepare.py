@@ -69,6 +69,8 @@ class Preparer:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        # a pod's claims are read together: one round trip's time, not one per claim; the threads are kept
+        self._readers = ThreadPoolExecutor(MAX_PARALLEL_READS, thread_name_prefix="dra-claim-read")
         self.prepared = ckpt.load(self.checkpoint_path)  # CheckpointError: the caller refuses to start
         if self.prepared:
             log.info("checkpoint %s: %d prepared claims", self.checkpoint_path, len(self.prepared),
@@ -81,9 +83,8 @@ class Preparer:
         the claims' files: a claim is answered as prepared only once the checkpoint holds it."""
         out: dict[str, Outcome] = {}
         fresh = [r for r in refs if r.uid not in self.prepared]
-        if len(fresh) > 1:  # a pod's claims are read together: one round trip's time, not one per claim
-            with ThreadPoolExecutor(max_workers=min(len(fresh), MAX_PARALLEL_READS)) as pool:
-                claims = dict(zip([r.uid for r in fresh], pool.map(self._read, fresh), strict=True))
+        if len(fresh) > 1:
+            claims = dict(zip([r.uid for r in fresh], self._readers.map(self._read, fresh), strict=True))
         else:
             claims = {r.uid: self._read(r) for r in fresh}
         conflicts = self.conflicts.check(fresh, claims, self.prepared) if self.conflicts is not None else {}

@@ -8,6 +8,7 @@ bind: choose the GPUs under the node's lock, assume them, create the Binding car
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -24,17 +25,10 @@ from devplugin.contract import (
     ANN_SCHEDULED,
     PodAssignment,
 )
-from devplugin.scheduler.fit import (
-    Fit,
-    NodeView,
-    ask_of,
-    fit,
-    one_share_check,
-    one_share_score,
-    score,
-    single_share,
-)
-from devplugin.scheduler.state import ClusterState, node_entry
+from devplugin.scheduler import one_share
+from devplugin.scheduler.fit import Fit, NodeView, ask_of, fit, score, single_share
+from devplugin.scheduler.one_share import ShareIndex, index_of
+from devplugin.scheduler.state import ClusterState, NodeEntry, node_entry
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +69,16 @@ def _views(state: ClusterState, pod: PodRequest, names: Sequence[str] | None,
     return out
 
 
+def _indexes(state: ClusterState, pod: PodRequest, names: Sequence[str] | None,
+             nodes: Sequence[Mapping] | None) -> tuple[Sequence[str], list[ShareIndex | None]]:
+    """The nodes of the request (names, then the Node objects given) and their ShareIndex, as _views."""
+    if not nodes:
+        names = names if names is not None else []
+        return names, state.indexes(names, pod.uid)
+    views = _views(state, pod, names, nodes)
+    return [n for n, _ in views], [index_of(v) if v is not None else None for _, v in views]
+
+
 def _names(names: Sequence[str] | None, nodes: Sequence[Mapping] | None) -> list[str]:
     return list(names or ()) + [str((n.get("metadata") or {}).get("name", "")) for n in nodes or ()]
 
@@ -91,21 +95,16 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
         out.passed = _names(names, nodes)
         return out
     state.expire()
-    views = _views(state, pod, names, nodes)
     ask = ask_of(pod)
     one = single_share(ask) if not ask.problem else None
-    for name, view in views:
+    if one is not None:  # the common case: answered from each node's index
+        listed, indexes = _indexes(state, pod, names, nodes)
+        one_share.filter_nodes(listed, indexes, one.mem, one.core, out.passed, out.failed, out.unresolvable)
+        state.filtered(pod.uid, out.passed)
+        return out
+    for name, view in _views(state, pod, names, nodes):
         if view is None:
-            out.failed[name] = "node not seen by the extender yet (its watch is catching up); retry"
-            continue
-        if one is not None:  # the common case: no Fit built per node
-            reason, unresolvable = one_share_check(one, ask.needs_core, view)
-            if not reason:
-                out.passed.append(name)
-            elif unresolvable:
-                out.unresolvable[name] = reason
-            else:
-                out.failed[name] = reason
+            out.failed[name] = one_share.NOT_SEEN
             continue
         result = fit(ask, view)
         if result.ok:
@@ -121,37 +120,74 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
 def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
                nodes: Sequence[Mapping] | None = None) -> list[tuple[str, int]]:
     """(node, score 0..10) for every node of the request; nodes the pod does not fit score 0."""
+    listed, indexes, values = _scores(state, pod_obj, names, nodes)
+    return list(zip(listed, values, strict=True))
+
+
+def prioritize_json(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
+                    nodes: Sequence[Mapping] | None = None) -> str:
+    """prioritize's answer as kube-scheduler reads it: [{"Host": node, "Score": score}, ...]."""
+    listed, indexes, values = _scores(state, pod_obj, names, nodes)
+    if indexes is None:
+        return json.dumps([{"Host": h, "Score": s} for h, s in zip(listed, values, strict=True)])
+    return one_share.scores_json(listed, indexes, values)
+
+
+def _scores(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None, nodes: Sequence[Mapping] | None
+            ) -> tuple[Sequence[str], list[ShareIndex | None] | None, list[int]]:
+    """(the nodes, their indexes when the scores came from them, else None, the scores)."""
     try:
         pod = pod_request(pod_obj, state.domain)
     except PodRequestError:
-        return [(n, MIN_SCORE) for n in _names(names, nodes)]
-    views = _views(state, pod, names, nodes)
+        listed = _names(names, nodes)
+        return listed, None, [MIN_SCORE] * len(listed)
     if not pod.gpu_containers:
-        return [(name, MIN_SCORE) for name, _ in views]
+        listed = _names(names, nodes)
+        return listed, None, [MIN_SCORE] * len(listed)
     ask = ask_of(pod)
     one = single_share(ask) if not ask.problem else None
-    if one is not None:  # the common case: no Fit built per node
-        core = ask.needs_core
-        return [(name, one_share_score(one, core, view) if view is not None else MIN_SCORE) for name, view in views]
-    return [(name, score(view, fit(ask, view)) if view is not None else MIN_SCORE) for name, view in views]
+    if one is not None:  # the common case: answered from each node's index
+        nodes_listed, indexes = _indexes(state, pod, names, nodes)
+        return nodes_listed, indexes, one_share.scores(indexes, one.mem, one.core)
+    views = _views(state, pod, names, nodes)
+    return ([name for name, _ in views], None,
+            [score(view, fit(ask, view)) if view is not None else MIN_SCORE for _, view in views])
 
 
 def preempt(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
     """kube-scheduler's preemption candidates (node -> UIDs of the pods it would evict), kept only where evicting
     them leaves room for the pod on the node's GPUs: evictions that free the node's total but no GPU the pod
     fits on are dropped."""
+    return {node: list(victims[node]) for node in preempt_nodes(state, pod_obj, victims)}
+
+
+def preempt_nodes(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, Collection[str]]) -> list[str]:
+    """The nodes of `victims` that preempt keeps, in their order."""
     try:
         pod = pod_request(pod_obj, state.domain)
     except PodRequestError:
-        return {}
+        return []
     if not pod.gpu_containers:
-        return {node: list(uids) for node, uids in victims.items()}
+        return list(victims)
     ask = ask_of(pod)
-    kept = {}
+    one = single_share(ask) if not ask.problem else None
+    if one is not None:  # the common case: the node's index, and the GPUs the victims hold recounted
+        mem, core = one.mem, one.core
+
+        def keep(ix: ShareIndex, entry: NodeEntry) -> bool:
+            if one_share.fits_index(ix, mem, core):  # evicting only frees room
+                return True
+            if not one_share.could_fit_freed(ix, mem, core):
+                return False
+            freed = entry.freed_rooms({pod.uid, *victims[entry.name]})
+            return one_share.fits_rooms(freed, ix.core_mode, mem, core)
+
+        return state.evictions(victims, keep)
+    kept = []
     for node, uids in victims.items():
         view = state.view(node, {pod.uid, *uids})
         if view is not None and fit(ask, view).ok:
-            kept[node] = list(uids)
+            kept.append(node)
     return kept
 
 

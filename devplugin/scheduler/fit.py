@@ -155,8 +155,7 @@ def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
     if node.problem:
         return Fit(reason=node.problem, unresolvable=True)
     if ask.needs_core and node.mode not in MODES_WITH_CORE:
-        return Fit(reason=f"node mode {node.mode} does not serve gpu-core.percentage (only core_mem nodes do)",
-                   unresolvable=True)
+        return Fit(reason=mode_refusal(node.mode), unresolvable=True)
     one = single_share(ask)
     if one is not None:
         return _one_share(one, node)
@@ -289,12 +288,30 @@ def _why_not_one(node: NodeView, mem: int, core: int) -> str:
     """_why_not for one share on one GPU, from the node's open rooms and its cached texts (the same words)."""
     where, tail, best = node.share_texts
     if not node.open_rooms:
-        return f"{where}: no GPU can take a share{tail}"
+        return one_share_refusal(where, tail, node.unit_mib, mem, core, None, None)
     if best < mem:
-        return (f"{where}: at most {mem_text(best, node.unit_mib)} free on one GPU, {mem_text(mem, node.unit_mib)} "
-                f"asked{tail}")
+        return one_share_refusal(where, tail, node.unit_mib, mem, core, best, None)
     best_core = max(t[1] for t in node.open_rooms if t[0] >= mem)
-    return _core_short(where, mem, core, best_core, node.unit_mib, tail)
+    return one_share_refusal(where, tail, node.unit_mib, mem, core, best, best_core)
+
+
+def one_share_refusal(where: str, tail: str, unit_mib: int, mem: int, core: int, best: int | None,
+                      best_core: int | None) -> str:
+    """Why one share of `mem` and `core` fits no GPU of a node: `best` is the most memory free on a GPU that can
+    take a share (None: no GPU can), `best_core` the most compute free among those with `mem` free (None: none
+    has). `where` and `tail` are the node's share_texts."""
+    if best is None:
+        return f"{where}: no GPU can take a share{tail}"
+    if best_core is None:
+        return f"{where}: at most {mem_text(best, unit_mib)} free on one GPU, {mem_text(mem, unit_mib)} asked{tail}"
+    return _core_short(where, mem, core, best_core, unit_mib, tail)
+
+
+def mode_refusal(mode: str) -> str:
+    """Why a node of `mode` takes no pod that asks for gpu-core.percentage ('' when it does)."""
+    if mode in MODES_WITH_CORE:
+        return ""
+    return f"node mode {mode} does not serve gpu-core.percentage (only core_mem nodes do)"
 
 
 def one_share_check(item: Item, needs_core: bool, node: NodeView) -> tuple[str, bool]:

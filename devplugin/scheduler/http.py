@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from devplugin.scheduler import admission, extender
+from devplugin.scheduler import admission, extender, preempt_body
 from devplugin.scheduler.extender import BindError, Cluster
 from devplugin.scheduler.log_throttle import LogThrottle
 from devplugin.scheduler.metrics import SchedulerMetrics
@@ -252,12 +252,22 @@ def filter_endpoint(svc: Service, body: Body) -> Response:
 
 def prioritize_endpoint(svc: Service, body: Body) -> Response:
     args = _parse(ExtenderArgs, body)
-    scores = extender.prioritize(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args))
     # HostPriority's shape, written directly: a model per node costs more than the scoring
-    return Response(json.dumps([{"Host": h, "Score": s} for h, s in scores]), media_type="application/json")
+    return Response(extender.prioritize_json(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args)),
+                    media_type="application/json")
 
 
 def preempt_endpoint(svc: Service, body: Body) -> Response:
+    fast = preempt_body.read(body)
+    if fast is not None:  # kube-scheduler's own shape: answered without a model per victim
+        try:
+            pod = _pod_dict(PodObject.model_validate(fast.Pod))
+        except ValidationError:
+            pod = None  # the models say what is wrong with it, below
+        if pod is not None:
+            metas = fast.NodeNameToMetaVictims
+            nodes = extender.preempt_nodes(svc.state, pod, preempt_body.Victims(metas))
+            return Response(preempt_body.answer(nodes, metas), media_type="application/json")
     args = _parse(ExtenderPreemptionArgs, body)
     victims: dict[str, list[str]] = {}
     pdb: dict[str, int] = {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from devplugin.contract import CORE_PER_GPU, GpuShare, NodeInventory, NodeUsage
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuRoom:
     """One GPU: its size and what is held on it (gpu-mem units, core percent, containers, held whole)."""
 

@@ -144,6 +144,31 @@ FREEZE_EVERY_S = 300.0
 SWITCH_INTERVAL_S = 0.001
 
 
+# Python collects its oldest generation on its own once enough objects have survived two younger collections.
+# That pass walks every object not frozen (the nodes' and pods' objects changed since the last freeze, thousands
+# of them in a busy cluster) and lands on whichever call is running: with the cluster frozen, a request that
+# parsed 20,000 objects (a preemption over 5,000 nodes) set one off every other call, up to 80 ms each
+# (docs/benchmarks.md). Here the oldest generation is collected by the housekeeping thread alone, every
+# FREEZE_EVERY_S (collect_oldest, freeze_long_lived); the young generations are collected as Python does.
+OLDEST_NEVER_ON_ITS_OWN = 1 << 30
+
+
+def collect_oldest_on_schedule() -> None:
+    """Stop Python from collecting the oldest generation on its own (see OLDEST_NEVER_ON_ITS_OWN)."""
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, OLDEST_NEVER_ON_ITS_OWN)
+
+
+def collect_oldest(collected_at: float, now: float | None = None) -> float:
+    """A full collection every FREEZE_EVERY_S (cyclic garbage that outlived two young collections is freed
+    there); returns when it last collected."""
+    now = time.monotonic() if now is None else now
+    if collected_at and now - collected_at < FREEZE_EVERY_S:
+        return collected_at
+    gc.collect()
+    return now
+
+
 def freeze_long_lived(state: ClusterState, frozen_at: float, now: float | None = None) -> float:
     """Move the objects alive now (the cluster's nodes and pods) out of the cyclic GC's reach, once the first
     lists are in and then every FREEZE_EVERY_S: a full collection over 10,000 pods' objects takes 60..200 ms,
@@ -226,11 +251,16 @@ def run(args: argparse.Namespace) -> int:
         reloader = CertReloader(config.ssl, args.tls_cert_file, args.tls_private_key_file).start()
     stop = threading.Event()
 
+    collect_oldest_on_schedule()
+
     def housekeeping() -> None:
-        frozen_at = 0.0
+        frozen_at, collected_at = 0.0, time.monotonic()
         while not stop.wait(1.0):
             state.expire()
-            frozen_at = freeze_long_lived(state, frozen_at)
+            frozen = freeze_long_lived(state, frozen_at)
+            if frozen != frozen_at:  # freezing collected everything first
+                frozen_at = collected_at = frozen
+            collected_at = collect_oldest(collected_at)
 
     threading.Thread(target=housekeeping, name="housekeeping", daemon=True).start()
     if elector is not None:

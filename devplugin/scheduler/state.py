@@ -40,8 +40,9 @@ from devplugin.contract import (
 )
 from devplugin.kube.labels import mode_from_labels
 from devplugin.scheduler.fit import NodeView
+from devplugin.scheduler.one_share import ShareIndex, index_of
 from devplugin.scheduler.placements import Holding, counted, pod_holding
-from devplugin.scheduler.room import node_room
+from devplugin.scheduler.room import GpuRoom, node_room
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,62 @@ class NodeEntry:
     problem: str = ""
     held: dict[str, Held] = field(default_factory=dict)
     cached: NodeView | None = None  # the view with every pod counted; None when stale
+    cached_index: ShareIndex | None = None  # the index of `cached`
+
+    def stale(self) -> None:
+        """A pod on the node changed: its view and index are built again when next asked for."""
+        self.cached = self.cached_index = None
+
+    def index(self) -> ShareIndex:
+        """The ShareIndex of the view with every pod counted (stale() drops both)."""
+        ix = self.cached_index
+        if ix is None:
+            ix = self.cached_index = index_of(self.view())
+        return ix
+
+    def freed_rooms(self, out: Collection[str]) -> list[GpuRoom]:
+        """The rooms of the GPUs that the pods `out` hold on this node, as view(out) counts them: the full view's
+        room less those pods' shares the daemon's usage does not count, and the usage less their shares it counts
+        (never below zero); the other GPUs are as in the full view. [] when none of them is held here."""
+        gone = [h for u in out if (h := self.held.get(u)) is not None]
+        if not gone or self.inventory is None:
+            return []
+        usage = self.usage
+        mine: dict[int, GpuRoom] = {}  # shares counted on top of the usage
+        theirs: dict[int, GpuRoom] = {}  # shares in the usage
+        for h in gone:
+            counted = _in_usage(h.recorded, usage)
+            for name, shares in h.shares.items():
+                into = theirs if name in counted else mine
+                for share in shares:
+                    room = into.get(share.index)
+                    if room is None:
+                        room = into[share.index] = GpuRoom(share.index, "", 0)
+                    room.hold(share)
+        base = {r.index: r for r in self.view().gpus}
+        none = GpuRoom(-1, "", 0)
+        rooms = []
+        for index in sorted(mine.keys() | theirs.keys()):
+            full = base.get(index)
+            if full is None:
+                continue
+            room = full.copy()
+            m, t = mine.get(index, none), theirs.get(index, none)
+            room.mem_used -= m.mem_used
+            room.core_used -= m.core_used
+            room.containers -= m.containers
+            used = usage.gpus.get(index) if usage is not None else None
+            if used is not None:
+                room.mem_used += max(used.mem - t.mem_used, 0) - max(used.mem, 0)
+                room.core_used += max(used.core - t.core_used, 0) - max(used.core, 0)
+                room.containers += max(used.containers - t.containers, 0) - max(used.containers, 0)
+            if full.whole:
+                room.whole = (any(s.whole and s.index == index for u, h in self.held.items() if u not in out
+                                  for shares in not_in_usage(h.shares, h.recorded, usage).values()
+                                  for s in shares)
+                              or (used is not None and used.whole and not t.whole))
+            rooms.append(room)
+        return rooms
 
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
@@ -238,6 +295,25 @@ class ClusterState:
             return [(n, (e.cached or e.view()) if n != special else e.view(without))
                     if (e := nodes.get(n)) is not None else (n, None) for n in names]
 
+    def indexes(self, names: Iterable[str], without: str = "") -> list[ShareIndex | None]:
+        """The ShareIndex of each node named (None for a node not known), under one lock: filter and prioritize
+        ask for every node. On the node where the pod `without` is held, the index leaves it out."""
+        with self._lock:
+            get = self._nodes.get
+            held = self._held.get(without)
+            if held is None:
+                return [(e.cached_index or e.index()) if (e := get(n)) is not None else None for n in names]
+            special = held.node
+            return [((e.cached_index or e.index()) if n != special else index_of(e.view(without)))
+                    if (e := get(n)) is not None else None for n in names]
+
+    def evictions(self, victims: Mapping[str, Collection[str]], keep: Callable[[ShareIndex, NodeEntry], bool]
+                  ) -> list[str]:
+        """The nodes of `victims` (node -> pods evicted there) for which keep(index, entry) holds, under one lock."""
+        with self._lock:
+            get = self._nodes.get
+            return [node for node in victims if (e := get(node)) is not None and keep(e.index(), e)]
+
     def largest_gpu_units(self) -> int:
         """The largest healthy GPU in the cluster, in gpu-mem units (0 when no node publishes an inventory)."""
         with self._lock:
@@ -382,12 +458,12 @@ class ClusterState:
         if entry is None:
             entry = self._nodes[held.node] = NodeEntry(held.node, problem="node not seen yet")
         entry.held[held.uid] = held
-        entry.cached = None
+        entry.stale()
 
     def _touch(self, held: Held) -> None:
         entry = self._nodes.get(held.node)
         if entry is not None:
-            entry.cached = None
+            entry.stale()
 
     def _drop(self, uid: str) -> None:
         self._assumed.pop(uid, None)
@@ -397,4 +473,4 @@ class ClusterState:
         entry = self._nodes.get(held.node)
         if entry is not None:
             entry.held.pop(uid, None)
-            entry.cached = None
+            entry.stale()
