@@ -139,23 +139,29 @@ def scores_json(names: Sequence[str], indexes: Sequence[ShareIndex | None], valu
                             for name, ix, v in zip(names, indexes, values, strict=True)]) + "]"
 
 
+def _need(core_mode: bool, mem: int, core: int) -> int:
+    """The compute a GPU must have free for the share (fit's core_needed): on a core_mem node a memory-only share
+    needs some unreserved; elsewhere the share asks none (a pod that asks some is refused there first)."""
+    return core_needed(CORE_MODE, mem, core) if core_mode else core
+
+
 def fits_index(ix: ShareIndex, mem: int, core: int) -> bool:
     """The share fits the node as its index shows it."""
-    if ix.problem or not (ix.core_mode or not core):
+    if ix.problem or (core and not ix.core_mode):
         return False
     i = bisect_left(ix.mems, mem)
-    return i < len(ix.mems) and ix.cores[i] >= (core_needed(CORE_MODE, mem, core) if ix.core_mode else 0)
+    return i < len(ix.mems) and ix.cores[i] >= _need(ix.core_mode, mem, core)
 
 
 def could_fit_freed(ix: ShareIndex, mem: int, core: int) -> bool:
     """Whether evicting pods could make room for the share: the node serves it and one of its GPUs is big enough.
     Eviction only frees room, so a node where this is False stays refused whatever the victims."""
-    if ix.problem or not (ix.core_mode or not core):
+    if ix.problem or (core and not ix.core_mode):
         return False
-    return mem <= ix.largest and core_needed(CORE_MODE if ix.core_mode else "", mem, core) <= CORE_PER_GPU
+    return mem <= ix.largest and _need(ix.core_mode, mem, core) <= CORE_PER_GPU
 
 
 def fits_rooms(rooms: Sequence[GpuRoom], core_mode: bool, mem: int, core: int) -> bool:
     """The share fits one of `rooms` (fit's rule for one share on one GPU)."""
-    need = core_needed(CORE_MODE, mem, core) if core_mode else core
+    need = _need(core_mode, mem, core)
     return any(r.healthy and not r.whole and r.mem_free >= mem and r.core_free >= need for r in rooms)
