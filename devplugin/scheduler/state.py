@@ -242,7 +242,7 @@ class ClusterState:
         self._pods: dict[str, dict] = {}  # "ns/name" -> pod JSON, GPU pods only
         self._node_locks: dict[str, threading.Lock] = {}
         self._largest = 0
-        self._filtered: dict[str, tuple[float, frozenset[str]]] = {}  # pod uid -> (when, nodes its filter passed)
+        self._filtered: dict[str, tuple[float, Collection[str]]] = {}  # pod uid -> (when, nodes its filter passed)
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
 
@@ -394,18 +394,19 @@ class ClusterState:
             return list(entry.held.values()) if entry else []
 
     # ------------------------------------------------------------------ filter answers bind relies on
-    def filtered(self, uid: str, passed: Iterable[str]) -> None:
-        """Remember which nodes a pod's latest filter passed: bind binds only there (within the assume TTL)."""
+    def filtered(self, uid: str, passed: Collection[str]) -> None:
+        """Remember which nodes a pod's latest filter passed: bind binds only there (within the assume TTL), once.
+        The collection is kept as given (filter's own list, not copied: thousands of names a pod)."""
         now = self.clock()
         with self._lock:
             if len(self._filtered) > 4096:  # pods filtered and never bound (another profile, deleted): forget
                 for u in [u for u, (t, _) in self._filtered.items() if now - t > self.assume_ttl_s]:
                     del self._filtered[u]
-            self._filtered[uid] = (now, frozenset(passed))
+            self._filtered[uid] = (now, passed)
 
     def passed_filter(self, uid: str, node: str) -> bool:
         with self._lock:
-            when, nodes = self._filtered.get(uid, (float("-inf"), frozenset()))
+            when, nodes = self._filtered.get(uid, (float("-inf"), ()))
         return node in nodes and self.clock() - when <= self.assume_ttl_s
 
     # ------------------------------------------------------------------ assumptions
@@ -418,8 +419,10 @@ class ClusterState:
 
     def confirm_bound(self, uid: str) -> None:
         """Our Binding succeeded; the watch replaces the assumption when it shows the pod bound (within ms). If
-        it never does (the pod was deleted and the event missed), the assumption still expires."""
+        it never does (the pod was deleted and the event missed), the assumption still expires. The pod's filter
+        answer is spent: a bind is not repeated."""
         with self._lock:
+            self._filtered.pop(uid, None)
             held = self._held.get(uid)
             if held is not None and held.assumed:
                 held.bound = True
