@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 from devplugin.contract import ANN_ALLOCATED, ANN_NODE_GPUS, ANN_SCHEDULED, GpuShare, GpuUsage, PodAssignment
 from devplugin.scheduler import extender, http
-from devplugin.scheduler.models import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
+from devplugin.scheduler.models import (
+    ExtenderArgs,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
+    NodeListObject,
+)
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler_answers_before import filter_before, preempt_before, prioritize_before
 from tests.scheduler_objects import container, node, pod
@@ -223,6 +231,48 @@ def test_the_preemption_body_read_without_models_answers_as_the_models(data: Any
     answer = http.preempt_endpoint(svc, body)
     assert answer.status_code == 200
     assert json.loads(bytes(answer.body)) == _preempt_with_models(svc, body)
+
+
+def _names_call_with_models(svc: http.Service, verb: str, body: bytes) -> Any:
+    """filter_endpoint and prioritize_endpoint as they answered before the body was read without models."""
+    args = http._parse(ExtenderArgs, body)
+    if verb == "prioritize":
+        return [{"Host": h, "Score": v} for h, v in extender.prioritize(
+            svc.state, http._pod_dict(args.Pod), args.NodeNames, http._nodes(args))]
+    out = extender.filter_nodes(svc.state, http._pod_dict(args.Pod), args.NodeNames, http._nodes(args))
+    result = ExtenderFilterResult(NodeNames=out.passed, FailedNodes=out.failed,
+                                  FailedAndUnresolvableNodes=out.unresolvable)
+    if args.Nodes is not None:
+        keep = set(out.passed)
+        result.Nodes = NodeListObject(items=[n for n in args.Nodes.items if n.metadata.name in keep])
+        if args.NodeNames is None:
+            result.NodeNames = None
+    return json.loads(result.model_dump_json(by_alias=True, exclude_none=True))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_filter_and_prioritize_bodies_read_without_models_answer_as_the_models(data: Any) -> None:
+    state, nodes, pods = data.draw(clusters())
+    asks = _asking(data.draw, pods)
+    names = data.draw(st.lists(st.sampled_from([n["metadata"]["name"] for n in nodes] + ["ghost", "n\u00e9"]),
+                               max_size=8))
+    doc: dict[str, Any] = {"Pod": asks, "NodeNames": names}
+    shape = data.draw(st.integers(0, 6))
+    if shape == 1:
+        doc["nodeNames"] = doc.pop("NodeNames")  # Go's decoder takes either case; the models do too
+    elif shape == 2:
+        doc["Nodes"] = {"items": nodes[:1]}  # cluster-autoscaler's shape
+    elif shape == 3:
+        doc["extra"] = 1  # a key the models ignore
+    elif shape == 4:
+        del doc["NodeNames"]
+    body = json.dumps(doc).encode()
+    for verb, endpoint in (("filter", http.filter_endpoint), ("prioritize", http.prioritize_endpoint)):
+        svc = http.Service(state, None)
+        answer = endpoint(svc, body)
+        assert answer.status_code == 200
+        assert json.loads(bytes(answer.body)) == _names_call_with_models(svc, verb, body), verb
 
 
 def test_a_malformed_preemption_body_gets_the_models_error() -> None:

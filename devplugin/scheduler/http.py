@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from devplugin.scheduler import admission, extender, preempt_body
+from devplugin.scheduler import admission, extender, names_body, preempt_body
 from devplugin.scheduler.extender import BindError, Cluster
 from devplugin.scheduler.log_throttle import LogThrottle
 from devplugin.scheduler.metrics import SchedulerMetrics
@@ -231,11 +231,30 @@ def _nodes(args: ExtenderArgs) -> list[dict] | None:
     return [n.model_dump(by_alias=True, exclude_none=True) for n in args.Nodes.items]
 
 
+def _names_call(body: Body) -> tuple[PodObject, list[str]] | None:
+    """kube-scheduler's own shape of filter and prioritize, read without the models (names_body.py); None when the
+    body has another shape or its pod is not valid (the models then read it, and say what is wrong)."""
+    fast = names_body.read(body)
+    if fast is None:
+        return None
+    try:
+        return PodObject.model_validate(fast.Pod), fast.NodeNames
+    except ValidationError:
+        return None
+
+
 def filter_endpoint(svc: Service, body: Body) -> Response:
+    fast = _names_call(body)
+    if fast is not None:
+        pod, names = fast
+        out = extender.filter_nodes(svc.state, _pod_dict(pod), names)
+        _filtered(svc, pod, out)
+        return Response(names_body.filter_answer(out.passed, out.failed, out.unresolvable),
+                        media_type="application/json")
     args = _parse(ExtenderArgs, body)
     nodes = _nodes(args)
     out = extender.filter_nodes(svc.state, _pod_dict(args.Pod), args.NodeNames, nodes)
-    svc.metrics.filter(len(out.passed), len(out.failed), len(out.unresolvable))
+    _filtered(svc, args.Pod, out)
     result = ExtenderFilterResult(NodeNames=out.passed, FailedNodes=out.failed,
                                   FailedAndUnresolvableNodes=out.unresolvable)
     if args.Nodes is not None:
@@ -243,16 +262,24 @@ def filter_endpoint(svc: Service, body: Body) -> Response:
         result.Nodes = NodeListObject(items=[n for n in args.Nodes.items if n.metadata.name in keep])
         if args.NodeNames is None:
             result.NodeNames = None
-    if out.failed or out.unresolvable:
-        log.debug("filter", extra={"fields": {"pod": f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}",
-                                              "passed": len(out.passed),
-                                              "failed": len(out.failed) + len(out.unresolvable)}})
     return _json(result)
 
 
+def _filtered(svc: Service, pod: PodObject, out: extender.FilterOutcome) -> None:
+    svc.metrics.filter(len(out.passed), len(out.failed), len(out.unresolvable))
+    if out.failed or out.unresolvable:
+        log.debug("filter", extra={"fields": {"pod": f"{pod.metadata.namespace}/{pod.metadata.name}",
+                                              "passed": len(out.passed),
+                                              "failed": len(out.failed) + len(out.unresolvable)}})
+
+
 def prioritize_endpoint(svc: Service, body: Body) -> Response:
-    args = _parse(ExtenderArgs, body)
     # HostPriority's shape, written directly: a model per node costs more than the scoring
+    fast = _names_call(body)
+    if fast is not None:
+        pod, names = fast
+        return Response(extender.prioritize_json(svc.state, _pod_dict(pod), names), media_type="application/json")
+    args = _parse(ExtenderArgs, body)
     return Response(extender.prioritize_json(svc.state, _pod_dict(args.Pod), args.NodeNames, _nodes(args)),
                     media_type="application/json")
 
