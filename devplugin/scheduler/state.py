@@ -67,7 +67,7 @@ class Held:
     recorded: Recorded = NO_RECORD  # the node daemon's record of the pod: its time and the containers it names
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeEntry:
     name: str
     mode: str = ""
