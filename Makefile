@@ -66,6 +66,9 @@ bench-cuda: all $(TORCH_VENV)/.installed
 # minutes (e2e/README.md has the figure).
 GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 E2E_BIN := e2e/bin
+# The KubeRay operator's release (its rule is further down); set before e2e-bin names it as a prerequisite.
+KUBERAY_VERSION := v1.5.0
+KUBERAY_MODULE  := github.com/ray-project/kuberay/ray-operator
 E2E_MOD := e2e/go.mod e2e/go.sum
 E2E_AGENT_SRC := $(shell find e2e/cmd/nodeagent e2e/internal -name '*.go' -o -name '*.s' 2>/dev/null)
 
@@ -108,8 +111,6 @@ $(E2E_BIN)/stubdra: $(E2E_MOD) $(wildcard e2e/cmd/stubdra/*.go) | e2e-go-check
 # module proxy as its own module: `go install` of the released version uses the operator's own go.mod (its
 # Kubernetes client libraries), apart from e2e/go.mod's pinned Kubernetes. Its CRDs and RBAC are read from the same
 # module in Go's module cache (`go mod download -json` prints where).
-KUBERAY_VERSION := v1.5.0
-KUBERAY_MODULE  := github.com/ray-project/kuberay/ray-operator
 $(E2E_BIN)/.ray-operator-$(KUBERAY_VERSION): | e2e-go-check
 	mkdir -p $(E2E_BIN)
 	GOBIN=$(abspath $(E2E_BIN)) GOFLAGS=-mod=mod $(GO) install $(KUBERAY_MODULE)@$(KUBERAY_VERSION)
