@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.service import server_config
@@ -26,6 +23,7 @@ from tests.scheduler_objects import node, pod
 from tests.test_scheduler_extender import FakeCluster
 from tests.test_scheduler_http import review
 from tests.tls_certs import make_ca, make_leaf
+from tests.uvicorn_thread import serving_on_a_free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 
@@ -60,22 +58,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     svc = Service(state, FakeCluster(state), max_body=1 << 20)
     config = server_config(build_app(svc), "127.0.0.1", 0, str(server[0]), str(server[1]), str(ca[0]),
                            ["kube-scheduler"])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    try:
+    with serving_on_a_free_port(config) as port:
         yield Served(f"https://localhost:{port}", ca[0], certs, state)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def test_kube_scheduler_by_cn_or_san_calls_the_verbs(served: Served) -> None:

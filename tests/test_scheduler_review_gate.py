@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-import uvicorn
 
 from devplugin.scheduler import admission, http
 from devplugin.scheduler.http import Service, build_app
@@ -24,6 +23,7 @@ from devplugin.scheduler.state import ClusterState
 from tests.scheduler_objects import node, pod
 from tests.test_scheduler_extender import FakeCluster
 from tests.test_scheduler_http import review
+from tests.uvicorn_thread import serving_on_a_free_port
 
 # --- the gate alone -----------------------------------------------------------------------------------------------
 
@@ -103,22 +103,8 @@ class Served:
 @contextmanager
 def serving(svc: Service) -> Iterator[Served]:
     config = server_config(build_app(svc), "127.0.0.1", 0)  # plain HTTP: the bounds do not depend on TLS
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    try:
+    with serving_on_a_free_port(config) as port:
         yield Served(f"http://127.0.0.1:{port}", port)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def service(**kw: object) -> Service:

@@ -8,12 +8,9 @@ import argparse
 import shutil
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.service import add_arguments, check_arguments, server_config
@@ -23,6 +20,7 @@ from tests.test_scheduler_auth import Served
 from tests.test_scheduler_extender import FakeCluster
 from tests.test_scheduler_http import review
 from tests.tls_certs import make_ca, make_leaf
+from tests.uvicorn_thread import serving_on_a_free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 
@@ -39,22 +37,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     state.replace_pods([])
     config = server_config(build_app(Service(state, FakeCluster(state), max_body=1 << 20)), "127.0.0.1", 0,
                            str(server[0]), str(server[1]), str(ca[0]), ["kube-scheduler"], ["kube-apiserver"])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    try:
+    with serving_on_a_free_port(config) as port:
         yield Served(f"https://localhost:{port}", ca[0], certs, state)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def test_the_apiservers_certificate_is_answered(served: Served) -> None:
