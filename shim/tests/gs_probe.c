@@ -41,6 +41,9 @@
 #include "cuda/fake_cuda_counters.h"
 #include "gs_probe.h"
 
+#define PROBE_NAME "gs_probe"
+#include "tests/probe_common.h"
+
 #ifdef GS_PROBE_LINKED
 #define DECLARE(field, name, base, ret, params) ret name params;
 PROBE_CUDA(DECLARE)
@@ -55,16 +58,6 @@ static struct {
 
 static void *libcuda;
 static const char *mode;
-
-static void die(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "gs_probe: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n");
-    exit(2);
-}
-
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 /* cuGetProcAddress_v2 of "name" (CUDA 12.8) or "name@VERSION". */
 static void *lookup(gpa_fn gpa, const char *base, cuuint64_t flags)
@@ -120,21 +113,6 @@ static void load(void)
 #define TAKE(field, name, base, ret, params) cu.field = (ret(*) params)lookup(gpa, base, flags);
     PROBE_CUDA(TAKE)
 #undef TAKE
-}
-
-static uint64_t size_arg(const char *s)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    default: break;
-    }
-    if (*end || end == s)
-        die("not a size: %s", s);
-    return v;
 }
 
 static uint64_t now_ns(void)

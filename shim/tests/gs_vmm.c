@@ -39,6 +39,9 @@
 #include "cuda/fake_cuda_counters.h"
 #include "gs_cuda_types.h"
 
+#define PROBE_NAME "gs_vmm"
+#include "tests/probe_common.h"
+
 #define POSIX_FD 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
 #define RELEASE_THRESHOLD 4
 #define RESERVED_MEM_CURRENT 5
@@ -96,16 +99,6 @@ static int nhandles, nmappings, npools, nallocations;
 static int device;
 static void *libcuda;
 
-static void die(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "gs_vmm: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n");
-    exit(2);
-}
-
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-
 /* The base name cuGetProcAddress takes: the exported name without its _v2 suffix. */
 static void *by_proc_address(gpa_fn gpa, const char *name)
 {
@@ -140,21 +133,6 @@ static void load(const char *mode)
 #define TAKE(field, name, ret, params) cu.field = (ret(*) params)by_proc_address(gpa, #name);
     VMM_CUDA(TAKE)
 #undef TAKE
-}
-
-static uint64_t size_arg(const char *s)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    default: break;
-    }
-    if (*end || end == s)
-        die("not a size: %s", s);
-    return v;
 }
 
 static int index_arg(const char *s, int count, const char *what)
