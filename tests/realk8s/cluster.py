@@ -99,6 +99,18 @@ class Spec:
     # The node daemons and the extender as the shipped DaemonSet's and Deployment's pods, from the product's own
     # image (product_pods.py), instead of processes on the host.
     product_in_pods: bool = False
+    # Per node (by index), the fake driver's GPUs when they are not `gpus` identical A100s of `gpu_mib` (mixed
+    # models, MIG, NVLink islands): empty, every node has the default layout; else one tuple per node.
+    node_layouts: tuple[tuple[FakeGPU, ...], ...] = ()
+
+    def gpus_of(self, index: int, name: str) -> list[FakeGPU]:
+        """The fake driver's GPUs of node `index` (named `name`)."""
+        if not self.node_layouts:
+            return node_gpus(name, self.gpus, self.gpu_mib)
+        if len(self.node_layouts) != self.nodes:
+            raise ValueError(f"Spec.node_layouts has {len(self.node_layouts)} layouts for {self.nodes} nodes: "
+                             "give one per node")
+        return list(self.node_layouts[index])
 
 
 def missing_binaries() -> list[str]:
@@ -358,7 +370,7 @@ class Cluster(PodAccess):
             root = self.root / f"n{i}"
             (root / "device-plugins").mkdir(parents=True, exist_ok=True)
             (root / "pod-resources").mkdir(parents=True, exist_ok=True)
-            driver = FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib))
+            driver = FakeDriver.create(root / "drv", self.spec.gpus_of(i, name))
             cert = pki.issue(f"node-{i}", f"system:node:{name}", orgs=("system:nodes",))
             node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
                                         cert=cert)
@@ -498,10 +510,10 @@ class Cluster(PodAccess):
     def wait_node_serving(self, node: Node, timeout: float = 45) -> None:
         """Until the Node is Ready, publishes every GPU in allocatable and the daemon's inventory, and carries no
         not-ready taint (removed here as the node lifecycle controller would)."""
-        gpus, per = self.spec.gpus, self.spec.gpu_mib // 1024
-        want = {MEM: str(gpus * per), COUNT: str(gpus)}
+        layout = self.spec.gpus_of(self.nodes.index(node), node.name)
+        want = {MEM: str(sum(g.memory_mib // 1024 for g in layout)), COUNT: str(len(layout))}
         if self.spec.mode == "core_mem":
-            want[CORE] = str(gpus * 100)
+            want[CORE] = str(len(layout) * 100)
 
         def serving() -> bool:
             n = self.core.read_node(node.name)
