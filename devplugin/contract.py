@@ -222,6 +222,18 @@ DRA_CDI_KIND = "gpushare.io/gpu"  # CDI vendor/class of the devices NodePrepareR
 # Multi-GPU sharing: a container's gpu-mem (and gpu-core.percentage) split evenly over N GPUs of one node.
 LABEL_ACK_MULTI_GPU = "aliyun.com/gpu-count"  # pod LABEL, ACK's name
 ANN_MULTI_GPU = "gpushare.io/gpu-count"  # pod annotation, ours, same meaning
+# Choose or avoid GPUs (docs/contract.md, devplugin/allocation/gpu_selection.py): comma-separated entries; a model
+# entry matches a GPU whose NVML product name (`model` in ANN_NODE_GPUS) contains it, ignoring case; a UUID entry
+# is a whole GPU UUID (GPU-...). Every annotation given must allow a GPU for the pod to use it.
+ANN_USE_GPU_MODEL = "gpushare.io/use-gpu-model"
+ANN_AVOID_GPU_MODEL = "gpushare.io/avoid-gpu-model"
+ANN_USE_GPU_UUID = "gpushare.io/use-gpu-uuid"
+ANN_AVOID_GPU_UUID = "gpushare.io/avoid-gpu-uuid"
+# HAMi's names for the same four, read as well (both given: they must say the same).
+ANN_HAMI_USE_GPU_TYPE = "nvidia.com/use-gputype"
+ANN_HAMI_NOUSE_GPU_TYPE = "nvidia.com/nouse-gputype"
+ANN_HAMI_USE_GPU_UUID = "nvidia.com/use-gpuuuid"
+ANN_HAMI_NOUSE_GPU_UUID = "nvidia.com/nouse-gpuuuid"
 # Opt out of NVIDIA_VISIBLE_DEVICES=void for containers that ask for no GPU (label on the pod or namespace).
 LABEL_VOID_OPT_OUT = "gpushare.io/visible-devices"
 VOID_OPT_OUT_VALUE = "keep"
