@@ -70,6 +70,7 @@ class FakeGPU:
     sms: int = 80
     compute_capability: tuple[int, int] = (7, 0)
     events_supported: bool = True  # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED for this GPU
+    nvlink_island: int | None = None  # NVLink-connected to every GPU of the same island; None: no NVLink
 
     def config_line(self, slot: int | None = None) -> str:
         """The config's gpu line; slot: the GPU's entry in the node's state file, for a container's config."""
@@ -87,6 +88,8 @@ class FakeGPU:
         ]
         if not self.events_supported:
             fields.append("events=0")
+        if self.nvlink_island is not None:
+            fields.append(f"nvlink={self.nvlink_island}")
         if slot is not None:
             fields.append(f"slot={slot}")
         return "gpu " + " ".join(fields)
@@ -112,6 +115,18 @@ def seed_node(n: int = 4, memory_mib: int = 15360, name: str = SEED_GPU_NAME) ->
             compute_capability=(7, 0),
         )
         for i in range(n)
+    ]
+
+
+def nvlink_node(islands: int = 2, per_island: int = 4, memory_mib: int = 81920,
+                name: str = "NVIDIA A100-SXM4-80GB", node: str = "seed") -> list[FakeGPU]:
+    """A node of `islands` NVLink islands of `per_island` GPUs each (8 GPUs in two islands of 4 by default):
+    island i is GPUs i*per_island.. and sits on NUMA node i."""
+    return [
+        FakeGPU(index=i, uuid=seed_uuid(i, node), name=name, memory_mib=memory_mib, minor=i,
+                pci_bus_id=f"00000000:{0x10 + i:02X}:00.0", numa_node=i // per_island, sms=108,
+                compute_capability=(8, 0), nvlink_island=i // per_island)
+        for i in range(islands * per_island)
     ]
 
 

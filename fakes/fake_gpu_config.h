@@ -7,6 +7,7 @@
  *   state=/var/lib/fake-gpu/node.conf.state      # optional: the node's state file (default <config>.state)
  *   driver_socket=/run/fake-gpu/driver.sock      # optional: host pids from the node (fake_gpu_ident.h)
  *   gpu uuid=GPU-0b6a... name="Tesla V100-SXM2-16GB" memory_mib=15360 minor=0 pci=00000000:00:08.0 numa=0 sms=80
+ *   gpu ... nvlink=0      # NVLink island 0: NVLink-connected to every other GPU of island 0 (nvml_topology.c)
  *
  * One `gpu` line per GPU, in NVML index order. `slot=N` on a gpu line names the GPU's entry in the state file
  * (default: its line index), so a container's config can list only its GPUs (index 0..k-1) while each uses the
@@ -42,6 +43,7 @@ struct fake_gpu_info {
     unsigned pci_domain, pci_bus, pci_device, pci_function;
     unsigned pci_device_id;         /* (device << 16) | vendor, e.g. 0x1DB110DE */
     int numa_node;                  /* -1: not reported (NOT_SUPPORTED) */
+    int nvlink_island;              /* -1: no NVLink (NOT_SUPPORTED); else linked to each GPU of the same island */
     unsigned sms;                   /* streaming multiprocessors */
     unsigned cc_major, cc_minor;    /* compute capability */
     int events_supported;           /* 0: XID events cannot be registered (NOT_SUPPORTED) */
@@ -58,7 +60,7 @@ struct fake_gpu_config {
     char driver_socket[FAKE_GPU_SOCKET_LEN]; /* driver_socket=: "" = identities are this namespace's pids */
 };
 
-#define FAKE_GPU_KEYS "uuid name memory_mib reserved_mib minor pci pci_device_id numa sms cc events slot"
+#define FAKE_GPU_KEYS "uuid name memory_mib reserved_mib minor pci pci_device_id numa nvlink sms cc events slot"
 
 static inline int fake_cfg_fail(char *err, size_t errlen, const char *path, int line, const char *fmt,
                                 const char *a, const char *b)
@@ -182,6 +184,11 @@ static inline int fake_cfg_gpu_key(struct fake_gpu_info *g, const char *key, con
             return fake_cfg_fail(err, errlen, path, line, "numa must be -1 (none) or 0..1023, got '%s'%s", val,
                                  "");
         g->numa_node = (int)i;
+    } else if (!strcmp(key, "nvlink")) {
+        if (fake_cfg_int(val, -1, 255, &i))
+            return fake_cfg_fail(err, errlen, path, line, "nvlink must be -1 (no NVLink) or an island id 0..255, "
+                                 "got '%s'%s", val, "");
+        g->nvlink_island = (int)i;
     } else if (!strcmp(key, "sms")) {
         if (fake_cfg_uint(val, 1024, &u) || u == 0)
             return fake_cfg_fail(err, errlen, path, line, "sms must be 1..1024, got '%s'%s", val, "");
@@ -247,6 +254,7 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
             snprintf(g->bus_id, sizeof g->bus_id, "00000000:%02X:00.0", idx + 1);
             g->pci_device_id = 0x1DB110DE;
             g->numa_node = -1;
+            g->nvlink_island = -1;
             g->sms = 80;
             g->cc_major = 7, g->cc_minor = 0;
             g->events_supported = 1;

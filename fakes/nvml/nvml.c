@@ -16,6 +16,7 @@
 #include "fake_gpu_state.h"
 #include "fake_gpu_timeline.h"
 #include "nvml/fake_nvml.h"
+#include "nvml/nvml_internal.h"
 
 #define SUPPORTED_EVENTS                                                                                          \
     (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |                     \
@@ -95,6 +96,23 @@ static nvmlReturn_t device_out(nvmlDevice_t d, const struct fake_gpu_info **g, c
 {
     nvmlReturn_t r = device(d, g);
     return r == NVML_SUCCESS && !out ? NVML_ERROR_INVALID_ARGUMENT : r;
+}
+
+/* For the other files of this library (nvml_topology.c): a handle checked as every call checks it, and the config.
+ * Hidden: not part of NVML's ABI. */
+FAKE_NVML_HIDDEN nvmlReturn_t fake_nvml_device(nvmlDevice_t d, const struct fake_gpu_info **g)
+{
+    return device(d, g);
+}
+
+FAKE_NVML_HIDDEN const struct fake_gpu_config *fake_nvml_config(void)
+{
+    return &g_cfg;
+}
+
+FAKE_NVML_HIDDEN nvmlDevice_t fake_nvml_handle(unsigned index)
+{
+    return &g_devices[index];
 }
 
 static nvmlReturn_t copy_string(char *dst, unsigned int length, const char *src)
@@ -947,22 +965,10 @@ FAKE_NVML_API int fakeNvml_stateLayout(unsigned long long *out, int n)
     return count;
 }
 
-/* --- NVLink and fabric: the fake GPUs have neither (PyTorch looks these up on an out-of-memory error and with
- * expandable segments, and asserts they exist) ----------------------------------------------------------------- */
+/* --- fabric: the fake GPUs have none (PyTorch looks this up on an out-of-memory error and with expandable
+ * segments, and asserts it exists). NVLink and the PCIe topology: nvml_topology.c ----------------------------- */
 FAKE_NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, void *info)
 {
     (void)dev, (void)info;
-    return NVML_ERROR_NOT_SUPPORTED;
-}
-
-FAKE_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, int *type)
-{
-    (void)dev, (void)link, (void)type;
-    return NVML_ERROR_NOT_SUPPORTED;
-}
-
-FAKE_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link, void *pci)
-{
-    (void)dev, (void)link, (void)pci;
     return NVML_ERROR_NOT_SUPPORTED;
 }
