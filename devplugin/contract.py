@@ -349,6 +349,8 @@ class NodeGpu:
     mem_units: int  # gpu-mem units this GPU provides
     memory_mib: int
     healthy: bool = True
+    nvlink_island: int | None = None  # GPUs with the same island id are joined by NVLink; None: none / not known
+    numa_node: int | None = None  # None: not known
 
 
 @dataclass(frozen=True)
@@ -365,9 +367,18 @@ class NodeInventory:
         return json.dumps({
             "version": ANNOTATION_VERSION, "mode": self.mode, "placement": self.placement,
             "memUnitMiB": self.mem_unit_mib, "domain": self.domain,
-            "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memUnits": g.mem_units,
-                      "memMiB": g.memory_mib, "healthy": g.healthy} for g in self.gpus],
+            "gpus": [_gpu_doc(g) for g in self.gpus],
         }, separators=(",", ":"))
+
+
+def _gpu_doc(g: NodeGpu) -> dict[str, object]:
+    doc: dict[str, object] = {"index": g.index, "uuid": g.uuid, "model": g.model, "memUnits": g.mem_units,
+                              "memMiB": g.memory_mib, "healthy": g.healthy}
+    if g.nvlink_island is not None:  # optional: written only when known, so older readers see what they knew
+        doc["nvlink"] = g.nvlink_island
+    if g.numa_node is not None:
+        doc["numa"] = g.numa_node
+    return doc
 
 
 def parse_inventory(text: str) -> NodeInventory:
@@ -385,7 +396,9 @@ def parse_inventory(text: str) -> NodeInventory:
                                 model=b.short_text(g.get("model", ""), f"gpus[{i}].model"),
                                 mem_units=b.nat(g["memUnits"], f"gpus[{i}].memUnits", b.MAX_AMOUNT),
                                 memory_mib=b.nat(g.get("memMiB", 0), f"gpus[{i}].memMiB", b.MAX_AMOUNT),
-                                healthy=b.flag(g.get("healthy", True), f"gpus[{i}].healthy")))
+                                healthy=b.flag(g.get("healthy", True), f"gpus[{i}].healthy"),
+                                nvlink_island=_optional_nat(g, "nvlink", i),
+                                numa_node=_optional_nat(g, "numa", i)))
         return NodeInventory(mode=b.short_text(doc["mode"], "mode"),
                              placement=b.short_text(doc.get("placement", "binpack"), "placement"),
                              mem_unit_mib=b.nat(doc.get("memUnitMiB", 1024), "memUnitMiB", b.MAX_AMOUNT),
@@ -393,6 +406,11 @@ def parse_inventory(text: str) -> NodeInventory:
                              domain=b.short_text(doc.get("domain", DEFAULT_RESOURCE_DOMAIN), "domain"))
     except b.RefusedValue as exc:
         raise AnnotationError(_named(ANN_NODE_GPUS, exc)) from None
+
+
+def _optional_nat(g: Mapping[str, object], key: str, i: int) -> int | None:
+    value = g.get(key)
+    return None if value is None else b.nat(value, f"gpus[{i}].{key}", b.MAX_GPU_INDEX)
 
 
 @dataclass(frozen=True)
