@@ -1,4 +1,5 @@
-"""The node's GPUs as NVML reports them: index, UUID, name, each GPU's own memory size, minor, PCI bus, NUMA node."""
+"""The node's GPUs as NVML reports them: index, UUID, name, each GPU's own memory size, minor, PCI bus, NUMA node,
+NVLink island."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pynvml
 
-from devplugin.gpu import nvml
+from devplugin.gpu import nvml, topology
 from devplugin.gpu.nvml import NvmlUnavailable
 
 __all__ = ["GPU", "NvmlUnavailable", "enumerate_gpus"]
@@ -29,6 +30,7 @@ class GPU:
     minor: int  # /dev/nvidia<minor>
     pci_bus_id: str  # "00000000:00:07.0"
     numa_node: int | None  # None when neither NVML nor sysfs says
+    nvlink_island: int | None = None  # GPUs with the same island are joined by NVLink (gpu/topology.py)
 
 
 def enumerate_gpus() -> list[GPU]:
@@ -53,7 +55,7 @@ def enumerate_gpus() -> list[GPU]:
                 )
             except pynvml.NVMLError as err:
                 raise nvml.unavailable(err, f"reading GPU {index}") from None
-        return gpus
+        return topology.with_islands(gpus)
 
 
 def _describe(index: int) -> GPU:
