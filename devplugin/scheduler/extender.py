@@ -12,9 +12,10 @@ import json
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from devplugin.allocation.gpu_selection import NOTHING, Selection, SelectionError, read_selection
 from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
 from devplugin.contract import (
     ANN_ALIYUN_ASSIGNED,
@@ -26,8 +27,9 @@ from devplugin.contract import (
     PodAssignment,
 )
 from devplugin.scheduler import one_share
-from devplugin.scheduler.fit import Fit, NodeView, ask_of, fit, score, single_share
+from devplugin.scheduler.fit import Ask, Fit, NodeView, ask_of, fit, score, single_share
 from devplugin.scheduler.one_share import ShareIndex, index_of
+from devplugin.scheduler.selected import narrow
 from devplugin.scheduler.state import ClusterState, NodeEntry, node_entry
 
 log = logging.getLogger(__name__)
@@ -94,9 +96,14 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
     if not pod.gpu_containers:
         out.passed = _names(names, nodes)
         return out
+    try:
+        selection = read_selection(pod.annotations)
+    except SelectionError as exc:
+        out.unresolvable = dict.fromkeys(_names(names, nodes), str(exc))
+        return out
     state.expire()
     ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem else None
+    one = single_share(ask) if not ask.problem and selection.empty else None
     if one is not None:  # the common case: answered from each node's index
         listed, indexes = _indexes(state, pod, names, nodes)
         one_share.filter_nodes(listed, indexes, one.mem, one.core, out.passed, out.failed, out.unresolvable)
@@ -106,7 +113,7 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
         if view is None:
             out.failed[name] = one_share.NOT_SEEN
             continue
-        result = fit(ask, view)
+        result = fit_selected(ask, view, selection)
         if result.ok:
             out.passed.append(name)
         elif result.unresolvable:
@@ -141,17 +148,40 @@ def _scores(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None, 
     except PodRequestError:
         listed = _names(names, nodes)
         return listed, None, [MIN_SCORE] * len(listed)
-    if not pod.gpu_containers:
+    try:
+        selection = read_selection(pod.annotations) if pod.gpu_containers else NOTHING
+    except SelectionError:
+        selection = None
+    if not pod.gpu_containers or selection is None:
         listed = _names(names, nodes)
         return listed, None, [MIN_SCORE] * len(listed)
     ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem else None
+    one = single_share(ask) if not ask.problem and selection.empty else None
     if one is not None:  # the common case: answered from each node's index
         nodes_listed, indexes = _indexes(state, pod, names, nodes)
         return nodes_listed, indexes, one_share.scores(indexes, one.mem, one.core)
     views = _views(state, pod, names, nodes)
     return ([name for name, _ in views], None,
-            [score(view, fit(ask, view)) if view is not None else MIN_SCORE for _, view in views])
+            [_score(ask, view, selection) if view is not None else MIN_SCORE for _, view in views])
+
+
+def fit_selected(ask: Ask, view: NodeView, selection: Selection) -> Fit:
+    """fit(ask, view) on the GPUs the pod's selection allows: a node with none of them fails unresolvable, and a
+    refusal on the others says which were left out and why."""
+    if selection.empty or ask.problem:
+        return fit(ask, view)
+    narrowed = narrow(view, selection)
+    if isinstance(narrowed, str):
+        return Fit(reason=narrowed, unresolvable=True)
+    placed = fit(ask, narrowed.view)
+    return replace(placed, reason=placed.reason + narrowed.note) if not placed.ok else placed
+
+
+def _score(ask: Ask, view: NodeView, selection: Selection) -> int:
+    if selection.empty:
+        return score(view, fit(ask, view))
+    narrowed = narrow(view, selection)
+    return MIN_SCORE if isinstance(narrowed, str) else score(narrowed.view, fit(ask, narrowed.view))
 
 
 def preempt(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
@@ -169,8 +199,12 @@ def preempt_nodes(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, C
         return []
     if not pod.gpu_containers:
         return list(victims)
+    try:
+        selection = read_selection(pod.annotations)
+    except SelectionError:
+        return []
     ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem else None
+    one = single_share(ask) if not ask.problem and selection.empty else None
     if one is not None:  # the common case: the node's index, and the GPUs the victims hold recounted
         mem, core = one.mem, one.core
 
@@ -186,7 +220,7 @@ def preempt_nodes(state: ClusterState, pod_obj: Mapping, victims: Mapping[str, C
     kept = []
     for node, uids in victims.items():
         view = state.view(node, {pod.uid, *uids})
-        if view is not None and fit(ask, view).ok:
+        if view is not None and fit_selected(ask, view, selection).ok:
             kept.append(node)
     return kept
 
@@ -215,6 +249,10 @@ def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: 
         _write(cluster, pod, node, None)
         log.info("bound to %s (it asks for no GPU)", node, extra={"fields": {"pod": pod.key, "node": node}})
         return PodAssignment(node=node, time_ns=time.time_ns(), containers={})
+    try:
+        selection = read_selection(pod.annotations)
+    except SelectionError as exc:
+        raise BindError(f"pod {pod.key}: {exc}") from None
     if not state.passed_filter(pod.uid, node):
         raise BindError(f"pod {pod.key} did not pass this extender's filter for node {node} (or that was more than "
                         f"{state.assume_ttl_s:.0f} s ago); kube-scheduler filters again and retries")
@@ -223,7 +261,7 @@ def bind(state: ClusterState, cluster: Cluster, namespace: str, name: str, uid: 
         view = state.view(node, pod.uid)
         if view is None:
             raise BindError(f"node {node} is not known to the extender")
-        placed = fit(pod, view)
+        placed = fit_selected(ask_of(pod), view, selection)
         if not placed.ok:
             raise BindError(f"pod {pod.key} no longer fits node {node}: {placed.reason}")
         state.assume(pod, node, placed.containers)

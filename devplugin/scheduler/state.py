@@ -135,6 +135,10 @@ class NodeEntry:
             rooms.append(room)
         return rooms
 
+    def models(self) -> dict[int, str]:
+        """GPU index -> the model the node daemon publishes (what a pod's GPU selection matches)."""
+        return {g.index: g.model for g in self.inventory.gpus} if self.inventory is not None else {}
+
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
         out = {without} if isinstance(without, str) else set(without)
@@ -144,12 +148,13 @@ class NodeEntry:
                                if u not in out),
                               self.usage,
                               (in_usage(h.shares, h.recorded, self.usage) for u, h in self.held.items() if u in out))
-            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
+            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem, self.models())
         if self.cached is None:
             rooms = () if self.inventory is None else node_room(
                 self.inventory, (not_in_usage(h.shares, h.recorded, self.usage) for h in self.held.values()),
                 self.usage)
-            self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem)
+            self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem,
+                                   self.models())
         return self.cached
 
 
