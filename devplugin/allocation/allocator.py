@@ -54,6 +54,7 @@ from devplugin.allocation.requests import (
     check_core,
     per_gpu_share,
 )
+from devplugin.allocation.selected_gpus import excluded_gpus
 from devplugin.allocation.units import Kind
 from devplugin.allocation.unreserved import MIN_UNRESERVED, cap, reserves_none
 from devplugin.allocation.view_sync import ViewSync
@@ -368,7 +369,7 @@ class Allocator(PairingFallback, ViewSync):
         what = f"container {key}"
         request, per_gpu, gpus = self._request_of(pod, container)
         need = self._need(per_gpu, gpus, container)
-        room = Room(self.node, self.holdings, self.healthy, kind, avail)
+        room = Room(self.node, self.holdings, self.healthy, kind, avail, excluded_gpus(pod, self.node))
         if fixed is not None:
             placement_gpus, source, override = fixed, "devices reused from an init container", ""
         else:

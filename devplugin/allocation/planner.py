@@ -14,7 +14,7 @@ from devplugin.allocation.choice import Choice
 from devplugin.allocation.errors import NoRoom
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.node import Node
-from devplugin.allocation.placement import pick_whole_gpus
+from devplugin.allocation.topology import choose_on, describe_on
 from devplugin.allocation.units import Kind
 from devplugin.allocation.unreserved import advice
 
@@ -43,12 +43,14 @@ class Room:
     the others; GPUs that are unhealthy, or held in the other way (whole vs shared), have none."""
 
     def __init__(self, node: Node, holdings: Holdings, healthy: Callable[[str], bool],
-                 called: Kind | None = None, available: Mapping[str, set[str]] | None = None) -> None:
+                 called: Kind | None = None, available: Mapping[str, set[str]] | None = None,
+                 excluded: Mapping[str, str] | None = None) -> None:
         self.node = node
         self.holdings = holdings
         self.healthy = healthy
         self.called = called
         self.available = available
+        self.excluded = excluded or {}  # GPUs the pod's selection excludes: uuid -> why (selected_gpus.py)
 
     def free(self, kind: Kind, uuid: str) -> int:
         if kind is self.called and self.available is not None:
@@ -56,7 +58,7 @@ class Room:
         return self.holdings.free(kind, uuid)
 
     def fits(self, uuid: str, need: Need) -> bool:
-        if not self.healthy(uuid) or self.holdings.whole(uuid):
+        if uuid in self.excluded or not self.healthy(uuid) or self.holdings.whole(uuid):
             return False
         kept = self.node.kept_whole(uuid)
         if kept is not None and kept != need.whole:
@@ -69,6 +71,8 @@ class Room:
 
     def describe(self, uuid: str) -> str:
         gpu = self.node.by_uuid[uuid]
+        if uuid in self.excluded:
+            return f"GPU {gpu.index}: excluded by the pod's GPU selection ({self.excluded[uuid]})"
         if not self.healthy(uuid):
             return f"GPU {gpu.index}: unhealthy"
         if self.holdings.whole(uuid):
@@ -100,7 +104,8 @@ def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
     if choice is not None:
         fit = [u for u in choice.gpus if room.fits(u, need)]
         if len(choice.gpus) == need.gpus and len(fit) == need.gpus:
-            return Placement(choice.gpus, choice.source)
+            how = describe_on(node, choice.gpus)
+            return Placement(choice.gpus, choice.source + (f"; {how}" if how else ""))
         bad = [u for u in choice.gpus if u not in fit] or list(choice.gpus)
         override = (f"the scheduler chose {', '.join(f'GPU {node.by_uuid[u].index} ({u})' for u in choice.gpus)} "
                     f"({choice.source}) but {room.describe(bad[0])}, and the container needs "
@@ -114,19 +119,16 @@ def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
                          + advice(node.resource_name(Kind.CORE)), reason="no_unreserved_compute")
         raise NoRoom(f"no GPU of this node has room for {describe_need(node, need)} ({detail}); "
                      "lower the request or wait for running pods to end")
-    if need.whole:
-        chosen = pick_whole_gpus(node, fits, [], need.gpus)
-        assert chosen is not None  # enough candidates were checked above
-        gpus = tuple(chosen)
-    else:
-        key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
-        sign = -1 if node.placement == "spread" else 1
-        fits.sort(key=lambda u: (sign * room.free(key_kind, u), node.by_uuid[u].index))
-        gpus = tuple(sorted(fits[: need.gpus], key=lambda u: node.by_uuid[u].index))
+    key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
+    sign = -1 if node.placement == "spread" else 1
+    rank = (lambda u: 0) if need.whole else (lambda u: sign * room.free(key_kind, u))  # whole GPUs: all alike
+    chosen = choose_on(node, fits, need.gpus, rank)
+    assert chosen is not None  # enough candidates were checked above
+    gpus = chosen.picked
     chosen_txt = ", ".join(f"GPU {node.by_uuid[u].index} ({u})" for u in gpus)
     if override:
         override += f"; placed on {chosen_txt} by the node's {node.placement} policy instead"
-    return Placement(gpus, f"{node.placement} policy", override)
+    return Placement(gpus, f"{node.placement} policy" + (f"; {chosen.why}" if chosen.why else ""), override)
 
 
 def plan_together(room: Room, needs: Sequence[Need], budget: int = 20_000) -> list[tuple[str, ...]] | None:
@@ -136,7 +138,8 @@ def plan_together(room: Room, needs: Sequence[Need], budget: int = 20_000) -> li
     node = room.node
     if any(n.whole or n.gpus != 1 for n in needs):
         return None
-    uuids = [g.uuid for g in node.gpus if room.healthy(g.uuid) and not room.holdings.whole(g.uuid)]
+    uuids = [g.uuid for g in node.gpus
+             if room.healthy(g.uuid) and not room.holdings.whole(g.uuid) and g.uuid not in room.excluded]
     free = {(k, u): room.free(k, u) for u in uuids for k in (Kind.MEM, Kind.CORE)}
     sign = -1 if node.placement == "spread" else 1
     steps = 0
