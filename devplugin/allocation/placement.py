@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from devplugin.allocation.node import Node
+from devplugin.allocation.topology import choose_on
 from devplugin.allocation.units import Kind
 
 if TYPE_CHECKING:
@@ -44,14 +45,10 @@ def pick_units(free: Collection[Any], must: Collection[Any], need: int,
 
 
 def pick_whole_gpus(node: Node, candidates: Sequence[str], must: Sequence[str], need: int) -> list[str] | None:
-    """`need` whole GPUs: those in `must` first, then by NUMA node of the first pick and index."""
-    chosen = list(must)
-    rest = [u for u in candidates if u not in chosen]
-    numa = node.by_uuid[chosen[0]].numa_node if chosen else None
-    rest.sort(key=lambda u: (node.by_uuid[u].numa_node != numa if numa is not None else False,
-                             node.by_uuid[u].index))
-    chosen += rest[: max(need - len(chosen), 0)]
-    return chosen if len(chosen) == need else None
+    """`need` whole GPUs: those in `must`, then the closest to them (one NVLink island, one NUMA node: topology.py)
+    by index."""
+    chosen = choose_on(node, [*candidates, *(u for u in must if u not in candidates)], need, lambda u: 0, must)
+    return list(chosen.picked) if chosen is not None else None
 
 
 class RecentShares:

@@ -14,7 +14,7 @@ from devplugin.allocation.choice import Choice
 from devplugin.allocation.errors import NoRoom
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.node import Node
-from devplugin.allocation.placement import pick_whole_gpus
+from devplugin.allocation.topology import choose_on, describe_on
 from devplugin.allocation.units import Kind
 from devplugin.allocation.unreserved import advice
 
@@ -104,7 +104,8 @@ def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
     if choice is not None:
         fit = [u for u in choice.gpus if room.fits(u, need)]
         if len(choice.gpus) == need.gpus and len(fit) == need.gpus:
-            return Placement(choice.gpus, choice.source)
+            how = describe_on(node, choice.gpus)
+            return Placement(choice.gpus, choice.source + (f"; {how}" if how else ""))
         bad = [u for u in choice.gpus if u not in fit] or list(choice.gpus)
         override = (f"the scheduler chose {', '.join(f'GPU {node.by_uuid[u].index} ({u})' for u in choice.gpus)} "
                     f"({choice.source}) but {room.describe(bad[0])}, and the container needs "
@@ -118,19 +119,16 @@ def place(room: Room, need: Need, choice: Choice | None = None) -> Placement:
                          + advice(node.resource_name(Kind.CORE)), reason="no_unreserved_compute")
         raise NoRoom(f"no GPU of this node has room for {describe_need(node, need)} ({detail}); "
                      "lower the request or wait for running pods to end")
-    if need.whole:
-        chosen = pick_whole_gpus(node, fits, [], need.gpus)
-        assert chosen is not None  # enough candidates were checked above
-        gpus = tuple(chosen)
-    else:
-        key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
-        sign = -1 if node.placement == "spread" else 1
-        fits.sort(key=lambda u: (sign * room.free(key_kind, u), node.by_uuid[u].index))
-        gpus = tuple(sorted(fits[: need.gpus], key=lambda u: node.by_uuid[u].index))
+    key_kind = Kind.MEM if need.per_gpu.get(Kind.MEM) else Kind.CORE
+    sign = -1 if node.placement == "spread" else 1
+    rank = (lambda u: 0) if need.whole else (lambda u: sign * room.free(key_kind, u))  # whole GPUs: all alike
+    chosen = choose_on(node, fits, need.gpus, rank)
+    assert chosen is not None  # enough candidates were checked above
+    gpus = chosen.picked
     chosen_txt = ", ".join(f"GPU {node.by_uuid[u].index} ({u})" for u in gpus)
     if override:
         override += f"; placed on {chosen_txt} by the node's {node.placement} policy instead"
-    return Placement(gpus, f"{node.placement} policy", override)
+    return Placement(gpus, f"{node.placement} policy" + (f"; {chosen.why}" if chosen.why else ""), override)
 
 
 def plan_together(room: Room, needs: Sequence[Need], budget: int = 20_000) -> list[tuple[str, ...]] | None:
