@@ -1,6 +1,8 @@
 """The admission webhooks' rules as plain functions of a pod (apiserver JSON).
 
-validate: what the node daemon could not honour, refused at the door with what to change.
+validate: what the node daemon could not honour, refused at the door with what to change (a malformed or
+contradictory GPU selection included: gpu_selection.py; whether some node has the GPUs it names is the
+extender's filter's question, as the webhook does not know the cluster).
 mutate: containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void, so a CUDA image's `all` does not show
 every GPU of the node to a CPU container. A container asks for a GPU only with a non-zero quantity of a GPU
 resource (a zero makes no device plugin call and sets no env). Only a cluster admin can opt out, by labelling a
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from devplugin.allocation import unreserved
+from devplugin.allocation.gpu_selection import SelectionError, read_selection
 from devplugin.allocation.requests import PodRequestError, check_core, per_gpu_share, pod_request, resource_names
 from devplugin.bounded import RefusedValue, whole_quantity
 from devplugin.contract import (
@@ -221,6 +224,11 @@ def validate(pod: Mapping, largest_gpu_units: int = 0, namespace_opted_out: bool
                 warnings.append("no node publishes a GPU inventory yet: gpu-mem was not checked against GPU sizes")
             if compute_shares and not c.core:
                 warnings.append(unreserved_warning(c.name, names[1]))
+    if req.gpu_containers:
+        try:
+            read_selection(req.annotations)
+        except SelectionError as exc:
+            deny("gpu_selection", str(exc))
     if problems:
         return Verdict(False, _listed(problems), rules=tuple(dict.fromkeys(rules)))
     return Verdict(True, warnings=tuple(dict.fromkeys(warnings)))
