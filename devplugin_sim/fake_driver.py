@@ -20,6 +20,7 @@ the container, each at the node's state slot of that GPU, the node's state file,
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
 import os
 import shlex
@@ -27,6 +28,8 @@ import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from devplugin_sim.fake_mig import FakeMig
 
 CONFIG_ENV = "FAKE_NVML_CONFIG"
 STATE_SUFFIX = ".state"
@@ -71,6 +74,9 @@ class FakeGPU:
     compute_capability: tuple[int, int] = (7, 0)
     events_supported: bool = True  # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED for this GPU
     nvlink_island: int | None = None  # NVLink-connected to every GPU of the same island; None: no NVLink
+    mig: bool | None = None  # MIG mode now (None: the GPU cannot run MIG); mig_devices only when True
+    mig_pending: bool | None = None  # the mode after the next GPU reset (None: the same as mig)
+    mig_devices: tuple[FakeMig, ...] = ()
 
     def config_line(self, slot: int | None = None) -> str:
         """The config's gpu line; slot: the GPU's entry in the node's state file, for a container's config."""
@@ -90,9 +96,27 @@ class FakeGPU:
             fields.append("events=0")
         if self.nvlink_island is not None:
             fields.append(f"nvlink={self.nvlink_island}")
+        if self.mig is not None:
+            fields.append(f"mig={int(self.mig)}")
+            if self.mig_pending is not None and self.mig_pending != self.mig:
+                fields.append(f"mig_pending={int(self.mig_pending)}")
         if slot is not None:
             fields.append(f"slot={slot}")
         return "gpu " + " ".join(fields)
+
+
+def mig_slots(gpus: Sequence[FakeGPU]) -> dict[str, int]:
+    """Each MIG device's state slot: after the GPUs', in order. ValueError for a layout the fake cannot hold."""
+    slots: dict[str, int] = {}
+    for gpu in gpus:
+        if gpu.mig_devices and gpu.mig is not True:
+            raise ValueError(f"GPU {gpu.uuid} lists MIG devices but its MIG mode is not enabled (mig=True)")
+        for m in gpu.mig_devices:
+            slots[m.uuid] = len(gpus) + len(slots)
+    if len(gpus) + len(slots) > MAX_GPUS:
+        raise ValueError(f"the fake driver holds at most {MAX_GPUS} GPUs and MIG devices together, not "
+                         f"{len(gpus)} + {len(slots)}")
+    return slots
 
 
 def seed_uuid(index: int, node: str = "seed") -> str:
@@ -325,6 +349,7 @@ class FakeDriver:
         self.config_path = Path(config_path)
         self.state_path = Path(state_path) if state_path else Path(str(config_path) + STATE_SUFFIX)
         self.gpus = list(gpus)
+        self.mig_slots = mig_slots(self.gpus)
         self.driver_version = driver_version
         self.cuda_version = cuda_version
         self._mm: mmap.mmap | None = None
@@ -356,6 +381,7 @@ class FakeDriver:
         for i, gpu in enumerate(gpus):
             if gpu.index != i:
                 raise ValueError(f"GPU {gpu.uuid} has index {gpu.index} but is number {i} in the list")
+        slots = mig_slots(gpus)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config = directory / name
@@ -364,6 +390,7 @@ class FakeDriver:
             f"driver_version={driver_version}",
             f"cuda_version={cuda_version}",
             *(gpu.config_line() for gpu in gpus),
+            *(m.config_line(gpu.uuid, slots[m.uuid]) for gpu in gpus for m in gpu.mig_devices),
         ]
         config.write_text("\n".join(lines) + "\n")
         driver = cls(config, gpus, driver_version=driver_version, cuda_version=cuda_version)
@@ -378,12 +405,15 @@ class FakeDriver:
     def attach(cls, config_path: Path) -> FakeDriver:
         """The driver of an existing config (another process created it), to turn its knobs from here."""
         gpus: list[FakeGPU] = []
+        migs: list[dict[str, str]] = []
         settings: dict[str, str] = {}
         for line in Path(config_path).read_text().splitlines():
             words = shlex.split(line, comments=True)
             if words and words[0] != "gpu" and "=" in words[0]:
                 key, value = words[0].split("=", 1)
                 settings[key] = value
+            if words and words[0] == "mig":
+                migs.append(dict(w.split("=", 1) for w in words[1:]))
             if not words or words[0] != "gpu":
                 continue
             kv = dict(w.split("=", 1) for w in words[1:])
@@ -394,7 +424,14 @@ class FakeDriver:
                 minor=int(kv.get("minor", len(gpus))), pci_bus_id=kv.get("pci", ""),
                 numa_node=None if numa < 0 else numa, sms=int(kv.get("sms", "80")),
                 compute_capability=(int(cc[0]), int(cc[1])), events_supported=kv.get("events", "1") == "1",
+                mig=None if "mig" not in kv else kv["mig"] == "1",
+                mig_pending=None if "mig_pending" not in kv else kv["mig_pending"] == "1",
             ))
+        for m in migs:
+            parent = next(i for i, g in enumerate(gpus) if g.uuid == m["parent"])
+            mig = FakeMig(uuid=m["uuid"], profile=m["profile"], memory_mib=int(m["memory_mib"]), sms=int(m["sms"]),
+                          gi=int(m.get("gi", "0")), ci=int(m.get("ci", "0")))
+            gpus[parent] = dataclasses.replace(gpus[parent], mig_devices=(*gpus[parent].mig_devices, mig))
         driver = cls(
             Path(config_path), gpus, driver_version=settings.get("driver_version", "550.54.15"),
             cuda_version=int(settings.get("cuda_version", "12040")),
@@ -402,6 +439,22 @@ class FakeDriver:
         )
         driver._open_state()
         return driver
+
+    def rewrite(self, gpus: list[FakeGPU]) -> None:
+        """Replace the config with these GPUs (the same GPUs, MIG modes and MIG devices changed, as an operator
+        changes them on a running node): the fake NVML reads their MIG layout again at its next MIG call, without
+        nvmlInit. The state file is kept; the new MIG devices take the slots after the GPUs again."""
+        if [g.uuid for g in gpus] != [g.uuid for g in self.gpus]:
+            raise ValueError("rewrite changes MIG layouts only: give the same GPUs in the same order")
+        slots = mig_slots(gpus)
+        text = self.config_path.read_text().splitlines()
+        kept = [line for line in text if not line.startswith(("gpu ", "mig "))]
+        kept += [g.config_line() for g in gpus]
+        kept += [m.config_line(g.uuid, slots[m.uuid]) for g in gpus for m in g.mig_devices]
+        tmp = self.config_path.with_name(self.config_path.name + ".new")
+        tmp.write_text("\n".join(kept) + "\n")
+        tmp.replace(self.config_path)
+        self.gpus, self.mig_slots = list(gpus), slots
 
     def write_container_config(
         self,
@@ -420,7 +473,8 @@ class FakeDriver:
         it (default: where it is on the node).
         """
         by_uuid = {gpu.uuid: gpu for gpu in self.gpus}
-        unknown = [u for u in granted if u not in by_uuid]
+        parent_of = {m.uuid: gpu for gpu in self.gpus for m in gpu.mig_devices}
+        unknown = [u for u in granted if u not in by_uuid and u not in parent_of]
         if unknown:
             raise ValueError(f"GPU(s) {', '.join(unknown)} are not on this node ({self.config_path}); it has "
                              f"{', '.join(by_uuid)}")
@@ -440,7 +494,13 @@ class FakeDriver:
                 raise ValueError(f"driver_socket must be an absolute path of at most 107 characters, not "
                                  f"{driver_socket}")
             lines.append(f"driver_socket={driver_socket}")
-        lines += [by_uuid[u].config_line(slot=by_uuid[u].index) for u in granted]
+        for u in granted:  # a MIG device: its GPU's line (once), then the MIG device's
+            gpu = by_uuid.get(u) or parent_of[u]
+            line = gpu.config_line(slot=gpu.index)
+            if line not in lines:
+                lines.append(line)
+            if u in parent_of:
+                lines.append(next(m for m in gpu.mig_devices if m.uuid == u).config_line(gpu.uuid, self.mig_slots[u]))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
@@ -469,9 +529,16 @@ class FakeDriver:
             "LD_LIBRARY_PATH": f"{path}:{inherited}" if inherited else path,
         }
 
+    def mig_slot(self, mig_uuid: str) -> int:
+        """The state slot of a MIG device: what the methods below take as `gpu_index` for it."""
+        if mig_uuid not in self.mig_slots:
+            raise KeyError(f"MIG device {mig_uuid} is not on this node ({self.config_path})")
+        return self.mig_slots[mig_uuid]
+
     def _slot(self, gpu_index: int) -> _Slot:
-        if not 0 <= gpu_index < len(self.gpus):
-            raise IndexError(f"GPU index {gpu_index} is not on this node (0..{len(self.gpus) - 1})")
+        last = len(self.gpus) + len(self.mig_slots) - 1
+        if not 0 <= gpu_index <= last:
+            raise IndexError(f"GPU index {gpu_index} is not on this node (0..{last}, MIG devices after the GPUs)")
         if self._state is None:
             raise RuntimeError("this FakeDriver is closed")
         return self._state.gpus[gpu_index]

@@ -8,6 +8,8 @@
  *   driver_socket=/run/fake-gpu/driver.sock      # optional: host pids from the node (fake_gpu_ident.h)
  *   gpu uuid=GPU-0b6a... name="Tesla V100-SXM2-16GB" memory_mib=15360 minor=0 pci=00000000:00:08.0 numa=0 sms=80
  *   gpu ... nvlink=0      # NVLink island 0: NVLink-connected to every other GPU of island 0 (nvml_topology.c)
+ *   gpu ... mig=1         # MIG mode (mig_pending= when a reset is pending); its MIG devices on `mig` lines:
+ *   mig parent=GPU-... uuid=MIG-... profile=1g.10gb memory_mib=9856 sms=14 gi=9 ci=0   (fake_gpu_mig.h)
  *
  * One `gpu` line per GPU, in NVML index order. `slot=N` on a gpu line names the GPU's entry in the state file
  * (default: its line index), so a container's config can list only its GPUs (index 0..k-1) while each uses the
@@ -49,7 +51,10 @@ struct fake_gpu_info {
     int events_supported;           /* 0: XID events cannot be registered (NOT_SUPPORTED) */
     unsigned slot;                  /* its entry in the state file (gpus[], timeline[], procs[].gpu, events) */
     int line;                       /* where it was declared */
+    int mig_current, mig_pending;   /* MIG mode (fake_gpu_mig.h): 1 enabled, 0 disabled, -1 no MIG support */
 };
+
+#include "fake_gpu_mig.h"
 
 struct fake_gpu_config {
     char driver_version[FAKE_GPU_VERSION_LEN];
@@ -58,9 +63,11 @@ struct fake_gpu_config {
     struct fake_gpu_info gpus[FAKE_GPU_MAX_GPUS];
     char state_path[FAKE_GPU_PATH_LEN];      /* state=: the node's state file; "" = <config>.state */
     char driver_socket[FAKE_GPU_SOCKET_LEN]; /* driver_socket=: "" = identities are this namespace's pids */
+    unsigned mig_count;
+    struct fake_mig_info migs[FAKE_GPU_MAX_MIGS];      /* `mig` lines, in file order */
 };
 
-#define FAKE_GPU_KEYS "uuid name memory_mib reserved_mib minor pci pci_device_id numa nvlink sms cc events slot"
+#define FAKE_GPU_KEYS "uuid name memory_mib reserved_mib minor pci pci_device_id numa nvlink sms cc events slot mig mig_pending"
 
 static inline int fake_cfg_fail(char *err, size_t errlen, const char *path, int line, const char *fmt,
                                 const char *a, const char *b)
@@ -137,11 +144,16 @@ static inline int fake_cfg_token(char **p, char **key, char **val, char *err, si
     return 1;
 }
 
+#include "fake_gpu_mig_config.h"
+
 static inline int fake_cfg_gpu_key(struct fake_gpu_info *g, const char *key, const char *val, char *err,
                                    size_t errlen, const char *path, int line)
 {
     unsigned long long u;
     long long i;
+    int mig = fake_mig_gpu_key(g, key, val, err, errlen, path, line);
+    if (mig <= 0)
+        return mig;
     if (!strcmp(key, "uuid")) {
         if (strncmp(val, "GPU-", 4) || strlen(val) < 5 || strlen(val) >= FAKE_GPU_UUID_LEN)
             return fake_cfg_fail(err, errlen, path, line, "uuid must look like GPU-<hex and dashes>, got '%s'%s",
@@ -241,6 +253,11 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
             p++;
         if (!*p || *p == '#')
             continue;
+        if (!strncmp(p, "mig", 3) && (p[3] == ' ' || p[3] == '\t')) {
+            if ((rc = fake_mig_line(cfg, p + 3, err, errlen, path, line)))
+                break;
+            continue;
+        }
         if (!strncmp(p, "gpu", 3) && (p[3] == ' ' || p[3] == '\t' || !p[3])) {
             if (cfg->gpu_count == FAKE_GPU_MAX_GPUS) {
                 rc = fake_cfg_fail(err, errlen, path, line, "more than %s GPUs%s", "16", "");
@@ -260,6 +277,7 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
             g->events_supported = 1;
             g->slot = idx;
             g->line = line;
+            g->mig_current = g->mig_pending = -1;
             p += 3;
             int t;
             while ((t = fake_cfg_token(&p, &key, &val, err, errlen, path, line)) == 1) {
@@ -276,6 +294,13 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
                                    missing, "");
                 break;
             }
+            if (g->mig_pending >= 0 && g->mig_current < 0) {
+                rc = fake_cfg_fail(err, errlen, path, line, "mig_pending= needs mig= (the current MIG mode)%s%s", "",
+                                   "");
+                break;
+            }
+            if (g->mig_pending < 0)
+                g->mig_pending = g->mig_current;
             if (g->reserved_bytes >= g->memory_bytes) {
                 rc = fake_cfg_fail(err, errlen, path, line, "reserved_mib must be below memory_mib%s%s", "", "");
                 break;
@@ -352,6 +377,8 @@ static inline int fake_gpu_config_load(const char *path, struct fake_gpu_config 
             }
         }
     }
+    if (rc == 0)
+        rc = fake_mig_finish(cfg, err, errlen, path);
     return rc;
 }
 

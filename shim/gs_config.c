@@ -179,13 +179,23 @@ int gs_config_unreserved(const char *uuid)
     return 0;
 }
 
-int gs_config_device(int ordinal, const char *uuid, uint64_t *memory_limit, int *sm_limit)
+/* The driver's 16 bytes of a device are the same whether it is a GPU ("GPU-...") or a MIG device ("MIG-...", the
+ * UUID NVML and the container runtime name it by); CUDA hands out only the bytes. */
+static int same_device(const char *named, const char *uuid)
+{
+    int prefixed = (!strncasecmp(named, "GPU-", 4) || !strncasecmp(named, "MIG-", 4)) &&
+                   (!strncasecmp(uuid, "GPU-", 4) || !strncasecmp(uuid, "MIG-", 4));
+    return prefixed ? !strcasecmp(named + 4, uuid + 4) : !strcasecmp(named, uuid);
+}
+
+int gs_config_device(int ordinal, char *uuid, uint64_t *memory_limit, int *sm_limit)
 {
     if (gs_cfg.from_file) {
         for (int i = 0; i < gs_cfg.file.ndevices; i++) {
-            if (!strcasecmp(gs_cfg.file.dev[i].uuid, uuid)) {
+            if (same_device(gs_cfg.file.dev[i].uuid, uuid)) {
                 *memory_limit = gs_cfg.file.dev[i].memory_limit;
                 *sm_limit = gs_cfg.file.dev[i].sm_limit;
+                memcpy(uuid, gs_cfg.file.dev[i].uuid, GS_UUID_LEN); /* its name there: MIG-... for a MIG device */
                 return 0;
             }
         }

@@ -29,9 +29,11 @@ extern struct gs_config gs_cfg;
 /* Fill gs_cfg from the environment and the limits file. Problems are logged; a broken limit sets refused. */
 void gs_config_load(void);
 
-/* The limits for CUDA ordinal `ordinal` whose UUID is `uuid`. Returns 0, or -1 when the limits file does not
- * list that GPU (the device must not be used). */
-int gs_config_device(int ordinal, const char *uuid, uint64_t *memory_limit, int *sm_limit);
+/* The limits for CUDA ordinal `ordinal` whose UUID is `uuid` (GS_UUID_LEN bytes: "GPU-" and CUDA's 16 bytes).
+ * Returns 0, or -1 when the limits file does not list that GPU (the device must not be used). A limits file
+ * entry matches by those 16 bytes whether it names a GPU or a MIG device ("MIG-..."), and `uuid` is rewritten
+ * to the entry's name. */
+int gs_config_device(int ordinal, char *uuid, uint64_t *memory_limit, int *sm_limit);
 
 /* Whether the container reserved no compute on the GPU with this UUID (the limits file's sm_unreserved; never
  * without the file): its sm_limit is then a cap, and it gives way to its neighbours (gs_throttle.h). */

@@ -3,7 +3,8 @@
  *
  * Which GPUs exist comes from the fake NVML's config ($FAKE_NVML_CONFIG, fakes/fake_gpu_config.h), so both
  * fakes describe the same node (or container: a config listing only some GPUs, each at its node's state slot);
- * CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them among the config's GPUs as the real driver does.
+ * CUDA_VISIBLE_DEVICES (indices or UUIDs) picks and orders them among the config's GPUs as the real driver does;
+ * a MIG-enabled GPU is its MIG devices, at most one per process (fake_cuda_mig.c).
  * With driver_socket= in the config, the process's identity in the shared state is its host pid
  * (fakes/fake_gpu_ident.h); the runtime's integrity check keeps using getpid(), as the runtime does. Memory is
  * accounted across processes in the shared state file (mem_used_bytes), so NVML and cuMemGetInfo agree. Settings of the simulation (env):
@@ -67,6 +68,9 @@ extern __thread struct fake_ctx *fake_current;
 
 #define FAKE_COUNT(name) __atomic_fetch_add(&fake_counters.name, 1, __ATOMIC_RELAXED)
 
+/* Fill fake_devices from the config and CUDA_VISIBLE_DEVICES, MIG devices as CUDA enumerates them
+ * (fake_cuda_mig.c). */
+void fake_cuda_pick_devices(const struct fake_gpu_config *cfg);
 /* The current context's device, or an error (not initialised / no current context). */
 CUresult fake_current_device(int *dev);
 /* Charge or refund device memory on a CUDA ordinal (shared with other processes). */

@@ -45,43 +45,6 @@ uint64_t fake_env_u64(const char *name, uint64_t dflt)
     return x;
 }
 
-/* CUDA_VISIBLE_DEVICES: comma-separated indices or UUID prefixes; the list stops at the first entry that
- * matches no GPU, as with the real driver. Unset: every GPU in config order. */
-static void pick_visible(const struct fake_gpu_config *cfg)
-{
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    fake_device_count = 0;
-    if (!v) {
-        for (unsigned i = 0; i < cfg->gpu_count; i++) {
-            fake_devices[fake_device_count].slot = (int)cfg->gpus[i].slot;
-            fake_devices[fake_device_count++].info = cfg->gpus[i];
-        }
-        return;
-    }
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", v);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && fake_device_count < FAKE_CUDA_MAX_DEVICES;
-         tok = strtok_r(NULL, ",", &save)) {
-        while (isspace((unsigned char)*tok))
-            tok++;
-        int found = -1;
-        if (isdigit((unsigned char)*tok)) {
-            char *end;
-            long idx = strtol(tok, &end, 10);
-            if (!*end && idx >= 0 && idx < (long)cfg->gpu_count)
-                found = (int)idx;
-        } else if (!strncmp(tok, "GPU-", 4)) {
-            for (unsigned i = 0; i < cfg->gpu_count; i++)
-                if (!strncmp(cfg->gpus[i].uuid, tok, strlen(tok)))
-                    found = (int)i;
-        }
-        if (found < 0)
-            break;
-        fake_devices[fake_device_count].slot = (int)cfg->gpus[found].slot;
-        fake_devices[fake_device_count++].info = cfg->gpus[found];
-    }
-}
-
 static void do_init(void)
 {
     const char *path = getenv(FAKE_GPU_CONFIG_ENV);
@@ -116,7 +79,7 @@ static void do_init(void)
         init_result = CUDA_ERROR_NO_DEVICE;
         return;
     }
-    pick_visible(&cfg);
+    fake_cuda_pick_devices(&cfg); /* fake_cuda_mig.c */
     if (fake_device_count == 0) {
         init_result = CUDA_ERROR_NO_DEVICE;
         return;

@@ -48,8 +48,10 @@ static int g_refcount;                                     /* nvmlInit calls not
 static unsigned g_generation;                              /* bumped at every 0 -> 1 init */
 static struct fake_gpu_config g_cfg;                       /* written only while g_refcount == 0 */
 static struct state_map *g_map; /* the current init cycle's; set before g_refcount turns 1, never NULL after */
-static struct nvmlDevice_st g_devices[FAKE_GPU_MAX_GPUS] = {
+/* GPU handles at 0..15; MIG device handles at FAKE_GPU_MAX_GPUS + k, k the config's MIG line (nvml_mig.c). */
+static struct nvmlDevice_st g_devices[FAKE_GPU_MAX_GPUS + FAKE_GPU_MAX_MIGS] = {
     {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15},
+    {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31},
 };
 
 static int initialized(void)
@@ -60,7 +62,7 @@ static int initialized(void)
 /* The state file's entry of the GPU at config index `index`. */
 static unsigned slot(unsigned index)
 {
-    return g_cfg.gpus[index].slot;
+    return index < FAKE_GPU_MAX_GPUS ? g_cfg.gpus[index].slot : g_cfg.migs[index - FAKE_GPU_MAX_GPUS].slot;
 }
 
 /* The config index of the GPU at state slot `s`; FAKE_GPU_MAX_GPUS when this config does not list it (another
@@ -75,6 +77,8 @@ static unsigned index_of_slot(unsigned s)
 
 static int gpu_lost(unsigned index)
 {
+    if (index >= FAKE_GPU_MAX_GPUS) /* a MIG device is lost with its GPU */
+        index = g_cfg.migs[index - FAKE_GPU_MAX_GPUS].parent;
     return __atomic_load_n(&g_map->state->gpus[slot(index)].lost, __ATOMIC_ACQUIRE) != 0;
 }
 
@@ -83,11 +87,12 @@ static nvmlReturn_t device(nvmlDevice_t d, const struct fake_gpu_info **g)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    if (d < g_devices || d >= g_devices + g_cfg.gpu_count)
+    int mig = d >= g_devices + FAKE_GPU_MAX_GPUS && d < g_devices + FAKE_GPU_MAX_GPUS + g_cfg.mig_count;
+    if (!mig && (d < g_devices || d >= g_devices + g_cfg.gpu_count))
         return NVML_ERROR_INVALID_ARGUMENT;
     if (gpu_lost(d->index))
         return NVML_ERROR_GPU_IS_LOST;
-    *g = &g_cfg.gpus[d->index];
+    *g = mig ? fake_nvml_mig_info(d->index - FAKE_GPU_MAX_GPUS) : &g_cfg.gpus[d->index];
     return NVML_SUCCESS;
 }
 
@@ -113,6 +118,27 @@ FAKE_NVML_HIDDEN const struct fake_gpu_config *fake_nvml_config(void)
 FAKE_NVML_HIDDEN nvmlDevice_t fake_nvml_handle(unsigned index)
 {
     return &g_devices[index];
+}
+
+/* A config rewritten since nvmlInit: take its GPUs' MIG modes and MIG devices (nvml_mig.c), when it still
+ * describes the same GPUs. 1 when taken. */
+FAKE_NVML_HIDDEN int fake_nvml_take_mig_layout(const struct fake_gpu_config *fresh)
+{
+    pthread_mutex_lock(&g_lock);
+    int same = g_refcount > 0 && fresh->gpu_count == g_cfg.gpu_count;
+    for (unsigned i = 0; same && i < g_cfg.gpu_count; i++)
+        same = !strcmp(fresh->gpus[i].uuid, g_cfg.gpus[i].uuid);
+    if (same) {
+        for (unsigned i = 0; i < g_cfg.gpu_count; i++) {
+            g_cfg.gpus[i].mig_current = fresh->gpus[i].mig_current;
+            g_cfg.gpus[i].mig_pending = fresh->gpus[i].mig_pending;
+        }
+        memcpy(g_cfg.migs, fresh->migs, sizeof g_cfg.migs);
+        fake_nvml_mig_load(fresh);
+        __atomic_store_n(&g_cfg.mig_count, fresh->mig_count, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return same;
 }
 
 static nvmlReturn_t copy_string(char *dst, unsigned int length, const char *src)
@@ -171,6 +197,7 @@ static nvmlReturn_t init_locked(void)
         g_map = m; /* the previous one stays mapped (see struct state_map) */
     }
     g_cfg = cfg;
+    fake_nvml_mig_load(&g_cfg);
     g_generation++;
     __atomic_store_n(&g_refcount, 1, __ATOMIC_RELEASE);
     return NVML_SUCCESS;
@@ -309,6 +336,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevic
         return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !dev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (!strncmp(uuid, "MIG-", 4))
+        return fake_nvml_mig_by_uuid(uuid, dev);
     for (unsigned i = 0; i < g_cfg.gpu_count; i++) {
         if (!strcmp(g_cfg.gpus[i].uuid, uuid)) {
             if (gpu_lost(i))
@@ -352,6 +381,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *in
 {
     const struct fake_gpu_info *g;
     nvmlReturn_t r = device_out(dev, &g, index);
+    if (r == NVML_SUCCESS && dev->index >= FAKE_GPU_MAX_GPUS)
+        r = NVML_ERROR_NOT_SUPPORTED; /* the fake's answer for a MIG device handle */
     if (r == NVML_SUCCESS)
         *index = dev->index;
     return r;
@@ -444,6 +475,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t dev, nvmlDevi
     attrs->gpuInstanceSliceCount = 1;
     attrs->computeInstanceSliceCount = 1;
     attrs->memorySizeMB = g->memory_bytes >> 20;
+    fake_nvml_mig_attributes(dev->index, attrs);
     return NVML_SUCCESS;
 }
 
@@ -457,6 +489,7 @@ static void memory_of(nvmlDevice_t dev, const struct fake_gpu_info *g, unsigned 
                       unsigned long long *reserved, unsigned long long *used)
 {
     unsigned long long u = __atomic_load_n(&g_map->state->gpus[slot(dev->index)].mem_used_bytes, __ATOMIC_RELAXED);
+    u += fake_nvml_mig_used(dev->index, g_map->state); /* a MIG-enabled GPU: its MIG devices' memory too */
     *total = g->memory_bytes;
     *reserved = g->reserved_bytes;
     if (u > g->memory_bytes - g->reserved_bytes)
@@ -520,6 +553,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlU
 {
     const struct fake_gpu_info *g;
     nvmlReturn_t r = device_out(dev, &g, utilization);
+    if (r == NVML_SUCCESS && dev->index >= FAKE_GPU_MAX_GPUS)
+        r = NVML_ERROR_NOT_SUPPORTED; /* no utilisation per MIG device */
     if (r != NVML_SUCCESS)
         return r;
     int gpu = gpu_utilisation(g_map->state, slot(dev->index));
@@ -595,7 +630,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvm
 {
     const struct fake_gpu_info *g;
     nvmlReturn_t r = device_out(dev, &g, count);
-    if (r == NVML_SUCCESS && !process_utilisation_supported())
+    if (r == NVML_SUCCESS && (!process_utilisation_supported() || dev->index >= FAKE_GPU_MAX_GPUS))
         r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
@@ -623,7 +658,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t de
     nvmlReturn_t r = device_out(dev, &g, info);
     if (r == NVML_SUCCESS && info->version != nvmlProcessesUtilizationInfo_v1)
         r = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    if (r == NVML_SUCCESS && !process_utilisation_supported())
+    if (r == NVML_SUCCESS && (!process_utilisation_supported() || dev->index >= FAKE_GPU_MAX_GPUS))
         r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
@@ -763,6 +798,8 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, un
 {
     const struct fake_gpu_info *g;
     nvmlReturn_t r = device_out(dev, &g, eventTypes);
+    if (r == NVML_SUCCESS && dev->index >= FAKE_GPU_MAX_GPUS)
+        r = NVML_ERROR_NOT_SUPPORTED; /* events are registered on the MIG device's GPU */
     if (r == NVML_SUCCESS)
         *eventTypes = g->events_supported ? SUPPORTED_EVENTS : 0;
     return r;
@@ -777,7 +814,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned l
         r = event_set(set);
     if (r != NVML_SUCCESS)
         return r;
-    if (!g->events_supported || (eventTypes & ~(unsigned long long)SUPPORTED_EVENTS))
+    if (dev->index >= FAKE_GPU_MAX_GPUS || !g->events_supported || (eventTypes & ~(unsigned long long)SUPPORTED_EVENTS))
         return NVML_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&set->lock);
     set->types[dev->index] |= eventTypes;

@@ -1,7 +1,7 @@
 /* nvidia-smi over the fake driver (fakes/README.md, "nvidia-smi"):
  *
  *   nvidia-smi                                   the summary table
- *   nvidia-smi -L                                GPU <i>: <name> (UUID: GPU-...)
+ *   nvidia-smi -L                                GPU <i>: <name> (UUID: GPU-...), MIG devices under it
  *   nvidia-smi --query-gpu=F,... --format=csv[,noheader][,nounits]
  *   nvidia-smi --query-compute-apps=F,... --format=...
  *   -i, --id=ID,...                              only these GPUs (index, UUID or PCI bus id)
@@ -87,6 +87,25 @@ static int parse(int argc, char **argv, struct args *a)
     return SMI_OK;
 }
 
+/* -L: a MIG-enabled GPU's MIG devices under it, "  MIG <profile> Device <n>: (UUID: MIG-...)". */
+static void list_mig_devices(nvmlDevice_t gpu)
+{
+    unsigned max = 0, n = 0;
+    if (!nvml.nvmlDeviceGetMaxMigDeviceCount || !nvml.nvmlDeviceGetMigDeviceHandleByIndex ||
+        nvml.nvmlDeviceGetMaxMigDeviceCount(gpu, &max) != NVML_SUCCESS)
+        return;
+    for (unsigned k = 0; k < max; k++) {
+        nvmlDevice_t mig;
+        char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        if (nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, k, &mig) != NVML_SUCCESS ||
+            nvml.nvmlDeviceGetName(mig, name, sizeof name) != NVML_SUCCESS ||
+            nvml.nvmlDeviceGetUUID(mig, uuid, sizeof uuid) != NVML_SUCCESS)
+            continue;
+        const char *profile = strstr(name, " MIG ");
+        printf("  MIG %-13s Device %2u: (UUID: %s)\n", profile ? profile + 5 : name, n++, uuid);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static struct smi_node node; /* large: not on the stack */
@@ -104,8 +123,10 @@ int main(int argc, char **argv)
         return rc;
     }
     if (a.list) {
-        for (unsigned i = 0; i < node.count; i++)
+        for (unsigned i = 0; i < node.count; i++) {
             printf("GPU %u: %s (UUID: %s)\n", node.gpus[i].index, node.gpus[i].name, node.gpus[i].uuid);
+            list_mig_devices(node.gpus[i].handle);
+        }
     } else if (a.query_gpu) {
         smi_query_gpu(&node, a.query_gpu, a.format);
     } else {
