@@ -351,6 +351,10 @@ class NodeGpu:
     healthy: bool = True
     nvlink_island: int | None = None  # GPUs with the same island id are joined by NVLink; None: none / not known
     numa_node: int | None = None  # None: not known
+    # A MIG device (served as a GPU of its own): its GPU's UUID and NVML index, and its MIG profile ("1g.10gb").
+    parent_uuid: str = ""
+    parent_index: int | None = None
+    mig_profile: str = ""
 
 
 @dataclass(frozen=True)
@@ -378,6 +382,11 @@ def _gpu_doc(g: NodeGpu) -> dict[str, object]:
         doc["nvlink"] = g.nvlink_island
     if g.numa_node is not None:
         doc["numa"] = g.numa_node
+    if g.parent_uuid:  # a MIG device, under its GPU
+        doc["parent"] = g.parent_uuid
+        if g.parent_index is not None:
+            doc["parentIndex"] = g.parent_index
+        doc["migProfile"] = g.mig_profile
     return doc
 
 
@@ -398,7 +407,10 @@ def parse_inventory(text: str) -> NodeInventory:
                                 memory_mib=b.nat(g.get("memMiB", 0), f"gpus[{i}].memMiB", b.MAX_AMOUNT),
                                 healthy=b.flag(g.get("healthy", True), f"gpus[{i}].healthy"),
                                 nvlink_island=_optional_nat(g, "nvlink", i),
-                                numa_node=_optional_nat(g, "numa", i)))
+                                numa_node=_optional_nat(g, "numa", i),
+                                parent_uuid=b.short_text(g.get("parent", ""), f"gpus[{i}].parent"),
+                                parent_index=_optional_nat(g, "parentIndex", i),
+                                mig_profile=b.short_text(g.get("migProfile", ""), f"gpus[{i}].migProfile")))
         return NodeInventory(mode=b.short_text(doc["mode"], "mode"),
                              placement=b.short_text(doc.get("placement", "binpack"), "placement"),
                              mem_unit_mib=b.nat(doc.get("memUnitMiB", 1024), "memUnitMiB", b.MAX_AMOUNT),
