@@ -7,7 +7,9 @@ nobody reserved (devplugin/allocation/unreserved.py, the node daemon's rule): it
 GPU, or on N GPUs (mem/N and core/N on each) for a pod that asks for N-way multi-GPU sharing; gpu-count takes GPUs
 with nothing on them.
 Unhealthy GPUs and GPUs held whole take nothing. Containers are placed largest first (whole GPUs, then shares
-by memory), each on the GPUs the node's placement prefers: binpack the fullest that fits, spread the emptiest.
+by memory), each on the GPUs the node's placement prefers: binpack the fullest that fits, spread the emptiest; a
+container of several GPUs on GPUs of one NVLink island, else of one NUMA node, where the node publishes them
+(devplugin/allocation/topology.py), and such a pod scores higher where it is more local (locality_score).
 
 Init containers follow the kubelet's rule for a pod's effective request: max(each regular init container, app
 containers + sidecars). A regular init container runs alone (beside the sidecars started before it) and ends
@@ -17,11 +19,13 @@ not beside the app containers; one whose amounts equal an app container's is tha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, per_gpu_share
+from devplugin.allocation.topology import ANY, NUMA, NVLINK, Where, choose
 from devplugin.allocation.unreserved import advice, core_needed
 from devplugin.contract import LABEL_ACK_MULTI_GPU, GpuShare
 from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
@@ -164,13 +168,13 @@ def fit(pod: PodRequest | Ask, node: NodeView) -> Fit:
     out: dict[str, tuple[GpuShare, ...]] = {}
     several = len(ask.items) + len(ask.inits) > 1
     for item in ask.items:
-        chosen = _whole(rooms, item.container) if item.count else _shares(rooms, item, node)
+        chosen = _whole(rooms, item.container, node.placement) if item.count else _shares(rooms, item, node)
         if isinstance(chosen, str):
             return Fit(reason=_prefix(item.container, several) + chosen)
         out[item.container.name] = chosen
     for item in ask.inits:
         alone = _before_apps(node, ask, out, item.container)
-        chosen = _whole(alone, item.container) if item.count else _shares(alone, item, node)
+        chosen = _whole(alone, item.container, node.placement) if item.count else _shares(alone, item, node)
         if isinstance(chosen, str):
             return Fit(reason=_prefix(item.container, several) + chosen)
         out[item.container.name] = chosen
@@ -217,13 +221,13 @@ def _prefix(c: ContainerRequest, several: bool) -> str:
     return f"container {c.name!r}: " if several else ""
 
 
-def _whole(rooms: list[GpuRoom], c: ContainerRequest) -> tuple[GpuShare, ...] | str:
+def _whole(rooms: list[GpuRoom], c: ContainerRequest, placement: str = "binpack") -> tuple[GpuShare, ...] | str:
     free = [r for r in rooms if r.healthy and r.untouched]
     if len(free) < c.count:
         return (f"{_considered(rooms)}: {len(free)} GPU(s) have nothing on them, {c.count} whole GPU(s) asked"
                 + _excluded(rooms))
     chosen = []
-    for r in free[: c.count]:
+    for r in closest(free, c.count, lambda r: 0, placement):
         share = GpuShare(r.index, r.uuid, r.mem_total, 0, whole=True)
         r.hold(share)
         chosen.append(share)
@@ -237,16 +241,23 @@ def _shares(rooms: list[GpuRoom], item: Item, node: NodeView) -> tuple[GpuShare,
     fits = [r for r in usable if r.mem_free >= mem and r.core_free >= need]
     if len(fits) < gpus:
         return _why_not(rooms, usable, mem, core, gpus, node.unit_mib, need)
-    if node.placement == "spread":
-        fits.sort(key=lambda r: (-r.mem_free, -r.core_free, r.index))
-    else:
-        fits.sort(key=lambda r: (r.mem_free, r.core_free, r.index))
+    sign = -1 if node.placement == "spread" else 1
     chosen = []
-    for r in fits[:gpus]:
+    for r in closest(fits, gpus, lambda r: (sign * r.mem_free, sign * r.core_free), node.placement):
         share = GpuShare(r.index, r.uuid, mem, core)
         r.hold(share)
         chosen.append(share)
     return tuple(sorted(chosen, key=lambda s: s.index))
+
+
+def closest(fits: Sequence[GpuRoom], need: int, rank: Callable[[GpuRoom], Any], placement: str) -> list[GpuRoom]:
+    """`need` of `fits`: one NVLink island, else one NUMA node, else anywhere, the policy's `rank` breaking ties
+    (devplugin/allocation/topology.py, the node daemon's rule)."""
+    by_index = {r.index: r for r in fits}
+    chosen = choose(list(by_index), need, lambda i: Where(by_index[i].island, by_index[i].numa), lambda i: i,
+                    lambda i: rank(by_index[i]), placement)
+    assert chosen is not None  # the caller checked there are enough
+    return [by_index[i] for i in chosen.picked]
 
 
 def _why_not(rooms: Sequence[GpuRoom], usable: Sequence[GpuRoom], mem: int, core: int, gpus: int,
@@ -370,7 +381,8 @@ def _excluded(rooms: Sequence[GpuRoom]) -> str:
 
 
 def score(node: NodeView, placed: Fit) -> int:
-    """0..10: binpack favours the node whose memory is fullest once the pod is on it, spread the emptiest."""
+    """0..10: binpack favours the node whose memory is fullest once the pod is on it, spread the emptiest. For a pod
+    with a multi-GPU container on a node that publishes its topology, locality comes first (locality_score)."""
     total, used = node.mem_totals
     if not total or not placed.ok:
         return 0
@@ -378,4 +390,38 @@ def score(node: NodeView, placed: Fit) -> int:
                 for s in shares)
     frac = min(used / total, 1.0)
     value = frac if node.placement != "spread" else 1.0 - frac
+    level = locality(node, placed)
+    if level is not None:
+        return locality_score(level, value)
     return int(10 * value + 0.5)  # half up
+
+
+# the scores of each locality: one NVLink island 7..10, one NUMA node 4..6, spread 0..3; the policy within
+_LOCALITY_SCORES = {NVLINK: (7, 3), NUMA: (4, 2), ANY: (0, 3)}
+
+
+def locality_score(level: str, value: float) -> int:
+    """A multi-GPU pod's score: its locality's band, and the policy's `value` (0..1) within it."""
+    low, span = _LOCALITY_SCORES[level]
+    return low + int(span * value + 0.5)
+
+
+def locality(node: NodeView, placed: Fit) -> str | None:
+    """How close the GPUs of the pod's least local multi-GPU container are (NVLINK, NUMA, ANY); None when no
+    container has several GPUs or the node publishes no topology."""
+    rooms = {r.index: r for r in node.gpus}
+    if not any(r.island is not None or r.numa is not None for r in rooms.values()):
+        return None
+    order = (NVLINK, NUMA, ANY)
+    worst = None
+    for name, shares in placed.containers.items():
+        if len(shares) < 2 or name in placed.transient:
+            continue
+        got = [rooms[s.index] for s in shares if s.index in rooms]
+        islands = {r.island for r in got}
+        numas = {r.numa for r in got}
+        level = (NVLINK if len(islands) == 1 and None not in islands
+                 else NUMA if len(numas) == 1 and None not in numas else ANY)
+        if worst is None or order.index(level) > order.index(worst):
+            worst = level
+    return worst

@@ -20,6 +20,8 @@ class GpuRoom:
     core_used: int = 0
     containers: int = 0
     whole: bool = False
+    island: int | None = None  # NVLink island (the inventory's), None: none / not known
+    numa: int | None = None  # NUMA node, None: not known
 
     @property
     def mem_free(self) -> int:
@@ -53,7 +55,7 @@ class GpuRoom:
 
     def copy(self) -> GpuRoom:
         return GpuRoom(self.index, self.uuid, self.mem_total, self.healthy, self.mem_used, self.core_used,
-                       self.containers, self.whole)
+                       self.containers, self.whole, self.island, self.numa)
 
 
 def node_room(inventory: NodeInventory, holdings: Iterable[Mapping[str, tuple[GpuShare, ...]]],
@@ -62,7 +64,8 @@ def node_room(inventory: NodeInventory, holdings: Iterable[Mapping[str, tuple[Gp
     """Per-GPU room: the inventory, minus every share in `holdings` (one mapping per pod: container -> shares: the
     pods the node daemon's `usage` does not count yet, or every pod when the node publishes no usage), minus the
     daemon's usage less the shares of the pods in `removed` (pods left out of this view that the usage counts)."""
-    rooms = {g.index: GpuRoom(g.index, g.uuid, g.mem_units, g.healthy) for g in inventory.gpus}
+    rooms = {g.index: GpuRoom(g.index, g.uuid, g.mem_units, g.healthy, island=g.nvlink_island, numa=g.numa_node)
+             for g in inventory.gpus}
     for pod in holdings:
         for shares in pod.values():
             for share in shares:
