@@ -3,8 +3,8 @@
 The test cluster's `workload` image runs it as its entrypoint (tests/realk8s/images.py). It reports: the GPU
 environment (NVIDIA_VISIBLE_DEVICES, the shim's CUDA_DEVICE_* limits, ...), whether the shim is preloaded
 (/etc/ld.so.preload and what it names), the limits file, the device nodes (/dev/nvidia*), what NVML says (GPUs by
-UUID, total / used / free memory: what nvidia-smi shows) and what NVIDIA's CUDA runtime says (device count, each
-device's total and free memory: cudaMemGetInfo), through the CUDA runtime probe (tests/cuda/rt_probe.cu, built
+UUID and name, total / used / free memory: what nvidia-smi shows) and what NVIDIA's CUDA runtime says (device count,
+each device's total and free memory: cudaMemGetInfo), through the CUDA runtime probe (tests/cuda/rt_probe.cu, built
 against static cudart) and nvidia-smi itself. Extra arguments are steps run after the view (`--then STEP ...` for
 the CUDA runtime probe). SIGTERM ends it with exit code 0.
 """
@@ -58,8 +58,8 @@ def nvml_view() -> dict[str, Any]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            gpus.append({"index": i, "uuid": pynvml.nvmlDeviceGetUUID(h), "total": mem.total, "used": mem.used,
-                         "free": mem.free})
+            gpus.append({"index": i, "uuid": pynvml.nvmlDeviceGetUUID(h), "name": pynvml.nvmlDeviceGetName(h),
+                         "total": mem.total, "used": mem.used, "free": mem.free})
         return {"gpus": gpus}
     finally:
         pynvml.nvmlShutdown()
