@@ -37,9 +37,10 @@ class FakeMig:
                 f"sms={self.sms} gi={self.gi} ci={self.ci} slot={slot}")
 
 
-def mig_uuid(node: str, gpu_index: int, n: int) -> str:
-    """A stable MIG device UUID in NVIDIA's format (MIG-xxxxxxxx-xxxx-...)."""
-    return f"MIG-{uuidlib.uuid5(_MIG_NAMESPACE, f'{node}/{gpu_index}/{n}')}"
+def mig_uuid(node: str, gpu_index: int, n: int, profile: str) -> str:
+    """A stable MIG device UUID in NVIDIA's format (MIG-xxxxxxxx-xxxx-...); another profile in the same place is
+    another MIG device, with another UUID, as when an operator re-creates instances."""
+    return f"MIG-{uuidlib.uuid5(_MIG_NAMESPACE, f'{node}/{gpu_index}/{n}/{profile}')}"
 
 
 def mig_devices(node: str, gpu_index: int, profiles: Sequence[str],
@@ -48,5 +49,5 @@ def mig_devices(node: str, gpu_index: int, profiles: Sequence[str],
     unknown = [p for p in profiles if p not in table]
     if unknown:
         raise ValueError(f"unknown MIG profile(s) {', '.join(unknown)}; known: {', '.join(table)}")
-    return tuple(FakeMig(uuid=mig_uuid(node, gpu_index, n), profile=p, memory_mib=table[p][0], sms=table[p][1],
+    return tuple(FakeMig(uuid=mig_uuid(node, gpu_index, n, p), profile=p, memory_mib=table[p][0], sms=table[p][1],
                          gi=n + 1) for n, p in enumerate(profiles))

@@ -114,6 +114,9 @@ class Config(Settings):
     state_dir: str = _opt(
         "/var/lib/gpushare", "host directory for state that outlives the daemon: unhealthy GPUs "
         "(gpu-health.json) and reset markers (reset-done/<GPU UUID>)")
+    mig_check_interval: float = _opt(
+        10.0, "seconds between reads of each GPU's MIG mode and MIG devices: a GPU whose MIG mode waits for a reset "
+        "or whose MIG devices changed takes no new pods until it is drained", maximum=3600.0)
     pair_window: float = _opt(
         1.0, "seconds within which a container's gpu-mem and gpu-core.percentage calls are paired", maximum=60.0)
     lookup_budget: float = _opt(

@@ -7,6 +7,7 @@ cache, node watch, writer) lives longer than one NodeDaemon: a relabel rebuilds 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from devplugin.deviceplugin.devices import DeviceBoard
 from devplugin.gpu.health import HealthWatcher
 from devplugin.gpu.health_state import HealthStore
 from devplugin.gpu.inventory import GPU
+from devplugin.gpu.layout_watch import LayoutChange, LayoutWatcher
 from devplugin.kube.node_sync import SYNC_INTERVAL_ALONE_S, SYNC_INTERVAL_S, NodeSync
 from devplugin.kube.reporting import ClusterReporter, occupancy
 
@@ -87,6 +89,11 @@ class NodeDaemon:
     sync: NodeSync
     link: KubeLink = field(default_factory=KubeLink)
     reporter: ClusterReporter | None = None
+    layout: LayoutWatcher | None = None
+    # Served devices whose GPU's MIG layout changed or waits for a reset (gpu/layout_watch.py): device UUID -> the
+    # served layout is gone (True) or only a reset is pending (False). They stay Unhealthy while this daemon runs.
+    stale: dict[str, bool] = field(default_factory=dict)
+    on_stale: Callable[[], object] = lambda: None  # the supervisor's wake-up
 
     def start(self) -> None:
         self.link.current = self
@@ -95,9 +102,13 @@ class NodeDaemon:
             self.reporter.publish_inventory(self.board.is_healthy)
         self.daemon.start()
         self.health.start()
+        if self.layout is not None:
+            self.layout.start()
         self.sync.start()
 
     def stop(self) -> None:
+        if self.layout is not None:
+            self.layout.stop()
         self.sync.stop()
         self.health.stop()
         self.daemon.stop()
@@ -120,6 +131,22 @@ class NodeDaemon:
             if not ok:
                 return ok, why
         return True, "ok"
+
+    def drained(self) -> bool:
+        """Whether a changed MIG layout can be served now: some served device's layout is gone and no container
+        holds any such device."""
+        gone = [u for u, differs in self.stale.items() if differs]
+        return bool(gone) and self.allocator.snapshot(lambda h: all(h.containers_on(u) == 0 for u in gone))
+
+    def layout_changed(self, change: LayoutChange) -> None:
+        """The layout watcher's report: the GPU's served devices turn Unhealthy (kept so), an Event on the Node."""
+        for uuid in change.affected:
+            self.stale[uuid] = self.stale.get(uuid, False) or change.differs
+            if self.board.set_health(uuid, False, change.reason) and self.reporter is not None:
+                self.reporter.publish_inventory(self.board.is_healthy)
+        if self.link.writer is not None and self.cfg.node_name:
+            self.link.writer.node_event(self.cfg.node_name, "Warning", "GPUMigLayoutChanged", change.reason)
+        self.on_stale()
 
     def pod_changed(self, event: str, pod: PodRequest) -> None:
         """Pod cache listener: units of pods that ended come back at once."""
@@ -173,7 +200,11 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
     daemon = Daemon(node, Path(cfg.plugin_dir), allocator, board, sync=sync.sync, observer=metrics,
                     device_list_strategy=choice.strategy)
 
+    stale: dict[str, bool] = {}
+
     def health_changed(uuid: str, healthy: bool, reason: str) -> bool:
+        if healthy and uuid in stale:  # its MIG layout changed: it stays Unhealthy while this daemon runs
+            return False
         changed = board.set_health(uuid, healthy, reason)
         if changed and reporter is not None:
             reporter.publish_inventory(board.is_healthy)
@@ -183,7 +214,9 @@ def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: Mount
         gpus, on_change=health_changed, ignored_xids=cfg.ignored_xid_set(), recovery_seconds=cfg.recovery_seconds,
         reset_xids=cfg.reset_xid_set(), store=HealthStore(Path(cfg.state_dir)),
     )
-    return NodeDaemon(cfg, node, board, allocator, daemon, health, sync, link, reporter)
+    nd = NodeDaemon(cfg, node, board, allocator, daemon, health, sync, link, reporter, stale=stale)
+    nd.layout = LayoutWatcher(gpus, nd.layout_changed, cfg.mig_check_interval)
+    return nd
 
 
 class _BoardOnly(Reporter):

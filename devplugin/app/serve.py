@@ -166,6 +166,7 @@ class Supervisor:
                 log.error("cannot watch GPU health: %s", exc)
                 self.current.stop()
                 return EXIT_CONFIG
+            self.current.on_stale = self.changed.set
             if janitor is None:
                 janitor = start_janitor(self.cfg, self.current)
             self._wait_for_change(self.current)
@@ -201,10 +202,13 @@ class Supervisor:
         return None
 
     def _wait_for_change(self, current: NodeDaemon | None) -> None:
-        """Until SIGTERM, or a wanted relabel that can be applied (no container holds units)."""
+        """Until SIGTERM, a wanted relabel that can be applied (no container holds units), or a changed MIG layout
+        that can be served (no container holds a device that is gone)."""
         while not self.stop_event.is_set():
             self.changed.wait(RELABEL_CHECK_S)
             self.changed.clear()
+            if current is not None and current.drained() and self._read_layout_again():
+                return
             wanted = self.wanted
             if wanted is None:
                 continue
@@ -214,6 +218,20 @@ class Supervisor:
                         wanted.source, extra={"fields": {"node": self.cfg.node_name}})
             self.settings, self.wanted = wanted, None
             return
+
+
+    def _read_layout_again(self) -> bool:
+        """The node's GPUs and MIG devices read again, to serve the changed layout; False when NVML cannot say."""
+        try:
+            gpus = enumerate_gpus()
+        except NvmlUnavailable as exc:
+            log.warning("the changed MIG layout cannot be read yet: %s", exc,
+                        extra={"fields": {"node": self.cfg.node_name}})
+            return False
+        log.warning("serving the node's new MIG layout: %d GPUs and MIG devices (was %d)", len(gpus), len(self.gpus),
+                    extra={"fields": {"node": self.cfg.node_name}})
+        self.gpus = gpus
+        return True
 
 
 def run(cfg: Config) -> int:

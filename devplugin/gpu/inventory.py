@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pynvml
 
-from devplugin.gpu import nvml, topology
+from devplugin.gpu import mig, nvml, topology
 from devplugin.gpu.nvml import NvmlUnavailable
 
 __all__ = ["GPU", "NvmlUnavailable", "enumerate_gpus"]
@@ -31,10 +31,21 @@ class GPU:
     pci_bus_id: str  # "00000000:00:07.0"
     numa_node: int | None  # None when neither NVML nor sysfs says
     nvlink_island: int | None = None  # GPUs with the same island are joined by NVLink (gpu/topology.py)
+    # A MIG device shared as a GPU of its own (gpu/mig.py): its GPU's UUID and NVML index, its profile. Its index
+    # is a share index after the node's GPUs; minor, PCI bus, NUMA node and island are its GPU's.
+    parent_uuid: str = ""
+    parent_index: int | None = None
+    mig_profile: str = ""
+    reset_pending: bool = False  # its GPU's MIG mode changes at the next GPU reset: nothing new is placed here
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.parent_uuid)
 
 
 def enumerate_gpus() -> list[GPU]:
-    """Every GPU NVML can see, in NVML index order.
+    """What the node shares, in NVML index order: every GPU NVML can see, each GPU in MIG mode as its MIG devices
+    (gpu/mig.py).
 
     Each GPU keeps its own memory size, so mixed nodes (80 GiB next to 24 GiB) are described as they are.
     A GPU that NVML reports lost is left out with a warning; NvmlUnavailable when NVML itself cannot be used.
@@ -55,7 +66,12 @@ def enumerate_gpus() -> list[GPU]:
                 )
             except pynvml.NVMLError as err:
                 raise nvml.unavailable(err, f"reading GPU {index}") from None
-        return topology.with_islands(gpus)
+        gpus = topology.with_islands(gpus)
+        try:
+            layout = mig.read_layout(gpus)
+        except pynvml.NVMLError as err:
+            raise nvml.unavailable(err, "reading MIG modes and MIG devices") from None
+        return mig.shared_devices(gpus, layout, first_mig_index=count)
 
 
 def _describe(index: int) -> GPU:

@@ -204,7 +204,8 @@ class ClusterReporter(Reporter):
             domain=self.node.domain,
             gpus=tuple(c.NodeGpu(index=g.index, uuid=g.uuid, model=g.name,
                                  mem_units=self.node.units(g.uuid, Kind.MEM), memory_mib=g.memory_bytes >> 20,
-                                 healthy=healthy(g.uuid), nvlink_island=g.nvlink_island, numa_node=g.numa_node)
+                                 healthy=healthy(g.uuid), nvlink_island=g.nvlink_island, numa_node=g.numa_node,
+                                 parent_uuid=g.parent_uuid, parent_index=g.parent_index, mig_profile=g.mig_profile)
                         for g in self.node.gpus))
         self.writer.patch_node_annotations(self.node_name, {c.ANN_NODE_GPUS: inv.render()})
 
