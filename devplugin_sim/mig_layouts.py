@@ -24,3 +24,14 @@ def mig_node(node: str = "mig") -> list[FakeGPU]:
     with MIG off."""
     return [a100(node, 0, mig=False), a100(node, 1, mig=True, profiles=("3g.40gb", "2g.20gb", "1g.10gb")),
             a100(node, 2, mig=False)]
+
+
+def served_mib(layout: Sequence[FakeGPU]) -> list[int]:
+    """The memory (MiB) of each device the node daemon serves healthy on this layout: a GPU whole, a MIG-enabled
+    GPU as its MIG devices; a GPU whose MIG mode waits for a reset serves nothing healthy."""
+    out: list[int] = []
+    for gpu in layout:
+        if gpu.mig_pending is not None and gpu.mig is not None and gpu.mig_pending != gpu.mig:
+            continue
+        out += [m.memory_mib for m in gpu.mig_devices] if gpu.mig else [gpu.memory_mib]
+    return out

@@ -52,6 +52,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
+from devplugin_sim.mig_layouts import served_mib
 from tests.realk8s import books, kubeconfigs, manifests, product_image, product_pods
 from tests.realk8s.agent import NodeAgent, cleanup_node
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
@@ -510,10 +511,10 @@ class Cluster(PodAccess):
     def wait_node_serving(self, node: Node, timeout: float = 45) -> None:
         """Until the Node is Ready, publishes every GPU in allocatable and the daemon's inventory, and carries no
         not-ready taint (removed here as the node lifecycle controller would)."""
-        layout = self.spec.gpus_of(self.nodes.index(node), node.name)
-        want = {MEM: str(sum(g.memory_mib // 1024 for g in layout)), COUNT: str(len(layout))}
+        served = served_mib(self.spec.gpus_of(self.nodes.index(node), node.name))  # MIG GPUs as their MIG devices
+        want = {MEM: str(sum(mib // 1024 for mib in served)), COUNT: str(len(served))}
         if self.spec.mode == "core_mem":
-            want[CORE] = str(len(layout) * 100)
+            want[CORE] = str(len(served) * 100)
 
         def serving() -> bool:
             n = self.core.read_node(node.name)

@@ -34,11 +34,14 @@ type Driver struct {
 }
 
 var (
-	uuidRe  = regexp.MustCompile(`(?:^|\s)uuid=(\S+)`)
-	minorRe = regexp.MustCompile(`(?:^|\s)minor=(\d+)`)
+	uuidRe   = regexp.MustCompile(`(?:^|\s)uuid=(\S+)`)
+	minorRe  = regexp.MustCompile(`(?:^|\s)minor=(\d+)`)
+	parentRe = regexp.MustCompile(`(?:^|\s)parent=(\S+)`)
+	slotRe   = regexp.MustCompile(`(?:^|\s)slot=(\d+)`)
 )
 
-// GPUs reads the node's GPUs from the driver's config, in NVML index order.
+// GPUs reads the node's GPUs from the driver's config, in NVML index order, then its MIG devices (`mig` lines,
+// fakes/fake_gpu_mig.h): each with its state slot as Index, its GPU's minor and its GPU as Parent.
 func (d Driver) GPUs() ([]GPU, error) {
 	f, err := os.Open(d.ConfigPath)
 	if err != nil {
@@ -47,8 +50,13 @@ func (d Driver) GPUs() ([]GPU, error) {
 	defer f.Close()
 	var out []GPU
 	sc := bufio.NewScanner(f)
+	var migs []string
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "mig ") {
+			migs = append(migs, line)
+			continue
+		}
 		if !strings.HasPrefix(line, "gpu ") {
 			continue
 		}
@@ -60,6 +68,29 @@ func (d Driver) GPUs() ([]GPU, error) {
 			g.Minor, _ = strconv.Atoi(m[1])
 		}
 		out = append(out, g)
+	}
+	gpus := len(out)
+	for _, line := range migs {
+		m := GPU{Line: line, MIG: true}
+		if x := uuidRe.FindStringSubmatch(line); x != nil {
+			m.UUID = x[1]
+		}
+		x := slotRe.FindStringSubmatch(line)
+		p := parentRe.FindStringSubmatch(line)
+		if x == nil || p == nil {
+			return nil, fmt.Errorf("the node's driver config has a mig line without slot= or parent=: %s", line)
+		}
+		m.Index, _ = strconv.Atoi(x[1])
+		for _, g := range out[:gpus] {
+			if g.UUID == p[1] {
+				parent := g
+				m.Minor, m.Parent = g.Minor, &parent
+			}
+		}
+		if m.Parent == nil {
+			return nil, fmt.Errorf("the node's driver config has a mig line whose parent is no gpu line: %s", line)
+		}
+		out = append(out, m)
 	}
 	return out, sc.Err()
 }
@@ -82,15 +113,26 @@ func (d Driver) containerConfigText(gpus []GPU) (string, error) {
 	b.WriteString("# this container's view of the node's driver (written by the node's container runtime)\n")
 	for _, line := range strings.Split(string(data), "\n") {
 		t := strings.TrimSpace(line)
-		if t == "" || strings.HasPrefix(t, "#") || strings.HasPrefix(t, "gpu ") || strings.HasPrefix(t, "state=") ||
-			strings.HasPrefix(t, "driver_socket=") {
+		if t == "" || strings.HasPrefix(t, "#") || strings.HasPrefix(t, "gpu ") || strings.HasPrefix(t, "mig ") ||
+			strings.HasPrefix(t, "state=") || strings.HasPrefix(t, "driver_socket=") {
 			continue
 		}
 		b.WriteString(t + "\n")
 	}
 	fmt.Fprintf(&b, "state=%s\ndriver_socket=%s/%s\n", containerState, containerSocketDir, SocketName)
-	for _, g := range gpus {
-		fmt.Fprintf(&b, "%s slot=%d\n", g.Line, g.Index)
+	written := map[int]bool{}
+	for _, g := range gpus { // a MIG device: its GPU's line (once), then its own line (which names its slot)
+		whole := g
+		if g.MIG {
+			whole = *g.Parent
+		}
+		if !written[whole.Index] {
+			written[whole.Index] = true
+			fmt.Fprintf(&b, "%s slot=%d\n", whole.Line, whole.Index)
+		}
+		if g.MIG {
+			fmt.Fprintf(&b, "%s\n", g.Line)
+		}
 	}
 	return b.String(), nil
 }

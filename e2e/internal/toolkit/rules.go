@@ -43,10 +43,12 @@ func DefaultConfig() Config { return Config{AcceptEnvvarUnprivileged: true} }
 
 // GPU is one GPU of the node, as its driver enumerates it.
 type GPU struct {
-	Index int    // the node's NVML index (the state slot of the fake driver)
-	UUID  string // GPU-...
-	Minor int    // /dev/nvidia<minor>
-	Line  string // the fake driver's config line
+	Index  int    // the node's NVML index (the state slot of the fake driver); a MIG device's state slot
+	UUID   string // GPU-..., or MIG-... for a MIG device
+	Minor  int    // /dev/nvidia<minor> (a MIG device's: its GPU's)
+	Line   string // the fake driver's config line
+	MIG    bool   // a MIG device, named by its MIG- UUID only
+	Parent *GPU   // a MIG device's GPU
 }
 
 // Container is what the toolkit reads of a container: its final environment (image, device plugin, pod spec, CDI
@@ -208,7 +210,7 @@ func pick(ids []string, node []GPU) ([]GPU, error) {
 func find(id string, node []GPU) (GPU, bool) {
 	if n, err := strconv.Atoi(id); err == nil {
 		for _, g := range node {
-			if g.Index == n {
+			if !g.MIG && g.Index == n {
 				return g, true
 			}
 		}
