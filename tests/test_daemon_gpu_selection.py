@@ -122,3 +122,30 @@ def test_excluded_gpus_reads_the_pod_and_refuses_an_impossible_selection() -> No
     with pytest.raises(RequestError) as exc:
         excluded_gpus(pod({c.ANN_USE_GPU_MODEL: "H100"}), node)  # type: ignore[arg-type]
     assert exc.value.reason == "gpu_selection" and "NVIDIA Test" in str(exc.value)
+
+
+def test_on_a_mig_node_a_gpus_uuid_chooses_its_mig_devices_and_a_profile_its_name(api: FakeApiserver) -> None:
+    from devplugin_sim.mig_layouts import mig_node
+
+    gpus = mig_node()  # two whole GPUs (0, 2) and GPU 1 split into 3g.40gb, 2g.20gb, 1g.10gb
+    split = gpus[1]
+    with running(gpus, apiserver=api) as r:
+        assert r.registered_all()
+        node = r.daemon.node
+        assert set(excluded_gpus(_pod({c.ANN_AVOID_GPU_UUID: split.uuid}), node)) == {
+            d.uuid for d in split.mig_devices}
+        small = r.pod("small", mem=5, core=10, annotations={c.ANN_USE_GPU_UUID: split.uuid})
+        assert r.wait_cached(small)
+        assert gpu_of(r.admit(small)) == split.mig_devices[2].uuid  # binpack among its MIG devices: the 1g.10gb
+        avoids = r.pod("avoids", mem=5, core=10, annotations={c.ANN_AVOID_GPU_UUID: split.uuid})
+        assert r.wait_cached(avoids)
+        assert gpu_of(r.admit(avoids)) == gpus[0].uuid
+        profile = r.pod("profile", mem=5, core=10, annotations={c.ANN_USE_GPU_MODEL: "MIG 3g.40gb"})
+        assert r.wait_cached(profile)
+        assert gpu_of(r.admit(profile)) == split.mig_devices[0].uuid
+
+
+def _pod(annotations: dict[str, str]):  # type: ignore[no-untyped-def]
+    from devplugin.allocation.requests import pod_request
+
+    return pod_request({"metadata": {"name": "p", "uid": "u", "annotations": annotations}, "spec": {"containers": []}})

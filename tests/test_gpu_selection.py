@@ -173,8 +173,21 @@ def test_hostile_values_are_read_or_refused_never_crash(annotations: dict[str, s
 def test_a_node_whose_every_gpu_is_excluded_is_told_what_it_has() -> None:
     sel = read_selection({c.ANN_USE_GPU_MODEL: "H100"})
     gpus = [(i, f"GPU-{uuidlib.UUID(int=i)}", A100) for i in range(10)]
-    assert set(exclusions(sel, [(u, m) for _, u, m in gpus])) == {u for _, u, _ in gpus}
+    assert set(exclusions(sel, [(u, m, "") for _, u, m in gpus])) == {u for _, u, _ in gpus}
     why = nothing_allowed(sel, gpus)
     assert "gpushare.io/use-gpu-model=H100" in why
     assert f"GPUs 0,1,2,3,4,5,6,7,8,9 {A100!r}" in why and "and 2 more" in why
-    assert exclusions(sel, [(U1, H100)]) == {}
+    assert exclusions(sel, [(U1, H100, "")]) == {}
+
+
+def test_a_gpus_uuid_chooses_or_avoids_its_mig_devices_and_a_profile_is_chosen_by_its_name() -> None:
+    mig = "MIG-0f0d3a3e-6c4b-5b7e-9a43-2f1b6c7d8e90"
+    name = "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+    assert read_selection({c.ANN_USE_GPU_UUID: U1}).why_excluded(name, mig, U1) == ""
+    assert read_selection({c.ANN_USE_GPU_UUID: U2}).why_excluded(name, mig, U1) != ""
+    assert read_selection({c.ANN_AVOID_GPU_UUID: U1}).why_excluded(name, mig, U1) == (
+        f"named in {c.ANN_AVOID_GPU_UUID} (its GPU)")
+    assert read_selection({c.ANN_USE_GPU_MODEL: "mig 1g.10gb"}).why_excluded(name, mig, U1) == ""
+    assert read_selection({c.ANN_USE_GPU_MODEL: "mig 1g.10gb"}).why_excluded(A100, U1) != ""
+    assert read_selection({c.ANN_AVOID_GPU_MODEL: "MIG"}).why_excluded(name, mig, U1) != ""
+    assert read_selection({c.ANN_AVOID_GPU_MODEL: "MIG"}).why_excluded(A100, U2) == ""

@@ -152,3 +152,32 @@ def test_the_http_filter_honours_the_selection(body: str) -> None:
     passed = answer.get("NodeNames") or [n["metadata"]["name"] for n in (answer.get("Nodes") or {}).get("items", [])]
     assert passed == ["h100s"]
     assert "avoid-gpu-model=A100" in answer["FailedAndUnresolvableNodes"]["a100s"]
+
+
+def test_a_gpus_uuid_takes_its_mig_devices_along_and_a_profile_is_chosen_by_name() -> None:
+    gpu = uuid("mig", 1)
+    inv = NodeInventory(mode="core_mem", placement="binpack", mem_unit_mib=1024, gpus=(
+        NodeGpu(0, uuid("mig", 0), A100, 80, 80 * 1024),
+        NodeGpu(2, "MIG-aaaaaaaa-0000-4000-8000-000000000002", f"{A100} MIG 3g.40gb", 39, 39 * 1024,
+                parent_uuid=gpu, parent_index=1, mig_profile="3g.40gb"),
+        NodeGpu(3, "MIG-aaaaaaaa-0000-4000-8000-000000000003", f"{A100} MIG 1g.10gb", 9, 9 * 1024,
+                parent_uuid=gpu, parent_index=1, mig_profile="1g.10gb")))
+    obj = node("mig", gpus=3)
+    obj["metadata"]["annotations"][ANN_NODE_GPUS] = inv.render()
+    st = ClusterState()
+    st.replace_nodes([obj])
+    st.replace_pods([])
+
+    def placed(annotations: dict[str, str], mem: int = 4) -> set[int]:
+        p = pod(mem=mem, annotations=annotations)
+        st.upsert_pod(p)
+        got = bind(st, FakeCluster(st), "default", p["metadata"]["name"], p["metadata"]["uid"], "mig")
+        st.forget(p["metadata"]["uid"])
+        return {s.index for s in got.containers["main"]}
+
+    assert placed({c.ANN_USE_GPU_UUID: gpu}) == {3}  # binpack among its MIG devices
+    assert placed({c.ANN_AVOID_GPU_UUID: gpu}) == {0}
+    assert placed({c.ANN_USE_GPU_MODEL: "MIG 3g.40gb"}) == {2}
+    assert placed({c.ANN_AVOID_GPU_MODEL: "mig"}) == {0}
+    out = filter_nodes(st, pod(mem=40, annotations={c.ANN_USE_GPU_UUID: gpu}), ["mig"])
+    assert "excluded by the pod's GPU selection: GPU 0: not named in gpushare.io/use-gpu-uuid" in out.failed["mig"]

@@ -9,9 +9,11 @@ Four annotations, each under the project's name or HAMi's (contract.py):
 
 The match rule: entries are separated by commas; spaces around an entry are dropped and empty entries skipped. A
 model entry matches a GPU whose NVML product name (`model` in the node's gpushare.io/gpus) contains it, ignoring
-case: `a100` matches `NVIDIA A100-SXM4-80GB`, `H100 80GB` matches `NVIDIA H100 80GB HBM3`. A UUID entry is a whole
-GPU UUID as NVML prints it (`GPU-` and 32 hex digits grouped 8-4-4-4-12), compared ignoring case. A GPU may be used
-when every annotation given allows it.
+case: `a100` matches `NVIDIA A100-SXM4-80GB`, `H100 80GB` matches `NVIDIA H100 80GB HBM3`; a MIG device shared as a
+GPU of its own has NVML's name for it (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`), so `MIG 1g.5gb` chooses that profile and
+`MIG` avoids every MIG device. A UUID entry is a whole GPU UUID as NVML prints it (`GPU-` and 32 hex digits grouped
+8-4-4-4-12), compared ignoring case; it names a GPU and, on a GPU in MIG mode, each of its MIG devices. A GPU may be
+used when every annotation given allows it.
 
 Refused with a SelectionError that names the annotation and what to change: an annotation with no entry, an entry
 longer than NVML's name buffer, one holding a control or invisible character, more than MAX_ENTRIES entries, a
@@ -96,8 +98,9 @@ class Selection:
         """The annotations given, `name=entries; ...`."""
         return "; ".join(e.text() for e in self.parts)
 
-    def why_excluded(self, model: str, uuid: str) -> str:
-        """'' when a GPU of this model and UUID may be used, else which annotation excludes it and why."""
+    def why_excluded(self, model: str, uuid: str, parent_uuid: str = "") -> str:
+        """'' when a GPU of this model and UUID (a MIG device: and this parent GPU) may be used, else which
+        annotation excludes it and why."""
         name = model.casefold()
         if self.use_models and not any(v in name for v in self.use_models.folded):
             return f"model {_clip(model)!r} is not one {self.use_models.annotation} asks for"
@@ -106,11 +109,12 @@ class Selection:
                         if f in name), None)
             if hit is not None:
                 return f"model {_clip(model)!r} matches {_clip(hit)!r} of {self.avoid_models.annotation}"
-        key = uuid.casefold()
-        if self.use_uuids and key not in self.use_uuids.folded:
+        keys = {uuid.casefold(), parent_uuid.casefold()} - {""}
+        if self.use_uuids and not keys & set(self.use_uuids.folded):
             return f"not named in {self.use_uuids.annotation}"
-        if self.avoid_uuids and key in self.avoid_uuids.folded:
-            return f"named in {self.avoid_uuids.annotation}"
+        if self.avoid_uuids and keys & set(self.avoid_uuids.folded):
+            return f"named in {self.avoid_uuids.annotation}" + (" (its GPU)" if parent_uuid and uuid.casefold()
+                                                                not in self.avoid_uuids.folded else "")
         return ""
 
 
@@ -134,11 +138,11 @@ def read_selection(annotations: Mapping[str, object]) -> Selection:
     return selection
 
 
-def exclusions(selection: Selection, gpus: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """{uuid: why} for each GPU, given as (uuid, model), that the selection excludes."""
+def exclusions(selection: Selection, gpus: Iterable[tuple[str, str, str]]) -> dict[str, str]:
+    """{uuid: why} for each GPU, given as (uuid, model, parent GPU's UUID or ''), that the selection excludes."""
     if selection.empty:
         return {}
-    return {uuid: why for uuid, model in gpus if (why := selection.why_excluded(model, uuid))}
+    return {uuid: why for uuid, model, parent in gpus if (why := selection.why_excluded(model, uuid, parent))}
 
 
 def nothing_allowed(selection: Selection, gpus: Iterable[tuple[int, str, str]]) -> str:
@@ -196,9 +200,10 @@ def _check_uuid(name: str, text: str) -> None:
     if text[:4].upper() == "MIG-":
         raise SelectionError(
             f"annotation {name}: {_clip(text)} is a MIG instance's UUID, not a GPU's; name the GPU it is carved from "
-            "(its GPU-... UUID, which `nvidia-smi -L` prints above its MIG devices) to choose or avoid that GPU. A "
-            "MIG instance is chosen by what it is, not by its UUID: in DRA mode select the instance's device by its "
-            "attributes in the claim (docs/dra.md)")
+            "(its GPU-... UUID, which `nvidia-smi -L` prints above its MIG devices) to choose or avoid that GPU and "
+            "its MIG devices. A MIG instance is chosen by what it is, not by its UUID (which changes whenever the "
+            "instance is made again): by its profile with gpushare.io/use-gpu-model (e.g. \"MIG 1g.10gb\"), or in "
+            "DRA mode by its device's attributes in the claim (docs/dra.md)")
     if not GPU_UUID.fullmatch(text):
         raise SelectionError(f"annotation {name}: {_clip(text)!r} is not a GPU UUID; write it as NVML and "
                              f"`nvidia-smi -L` print it: GPU- and 32 hex digits grouped 8-4-4-4-12 ({EXAMPLE_UUID})")

@@ -21,7 +21,7 @@ def excluded_gpus(pod: PodRequest, node: Node) -> dict[str, str]:
         selection = read_selection(pod.annotations)
     except SelectionError as exc:
         raise RequestError(f"pod {pod.key}: {exc}", reason=REASON) from None
-    out = exclusions(selection, ((g.uuid, g.name) for g in node.gpus))
+    out = exclusions(selection, ((g.uuid, g.name, g.parent_uuid) for g in node.gpus))
     if out and len(out) == len(node.gpus):
         raise RequestError(f"pod {pod.key}: " + nothing_allowed(selection, [(g.index, g.uuid, g.name)
                                                                             for g in node.gpus]), reason=REASON)

@@ -44,6 +44,7 @@ class NodeView:
     gpus: tuple[GpuRoom, ...]
     problem: str = ""  # set when the node cannot take GPU pods at all (no inventory, unknown mode)
     models: Mapping[int, str] = field(default_factory=dict)  # GPU index -> NVML product name (the inventory's)
+    parents: Mapping[int, str] = field(default_factory=dict)  # a MIG device's index -> its GPU's UUID (the inventory's)
 
     @cached_property
     def open_rooms(self) -> tuple[tuple[int, int, int, str], ...]:

@@ -30,7 +30,7 @@ def narrow(view: NodeView, selection: Selection) -> Narrowed | str:
     excluded: dict[str, list[int]] = {}  # why -> GPU indexes
     kept = []
     for room in view.gpus:
-        why = selection.why_excluded(view.models.get(room.index, ""), room.uuid)
+        why = selection.why_excluded(view.models.get(room.index, ""), room.uuid, view.parents.get(room.index, ""))
         if why:
             excluded.setdefault(why, []).append(room.index)
         else:

@@ -139,6 +139,11 @@ class NodeEntry:
         """GPU index -> the model the node daemon publishes (what a pod's GPU selection matches)."""
         return {g.index: g.model for g in self.inventory.gpus} if self.inventory is not None else {}
 
+    def parents(self) -> dict[int, str]:
+        """A MIG device's index -> its GPU's UUID (a pod's UUID selection names the GPU for its MIG devices)."""
+        return ({g.index: g.parent_uuid for g in self.inventory.gpus if g.parent_uuid}
+                if self.inventory is not None else {})
+
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
         out = {without} if isinstance(without, str) else set(without)
@@ -148,13 +153,14 @@ class NodeEntry:
                                if u not in out),
                               self.usage,
                               (in_usage(h.shares, h.recorded, self.usage) for u, h in self.held.items() if u in out))
-            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem, self.models())
+            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem, self.models(),
+                            self.parents())
         if self.cached is None:
             rooms = () if self.inventory is None else node_room(
                 self.inventory, (not_in_usage(h.shares, h.recorded, self.usage) for h in self.held.values()),
                 self.usage)
             self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem,
-                                   self.models())
+                                   self.models(), self.parents())
         return self.cached
 
 
