@@ -26,6 +26,7 @@ from devplugin.gpu.facts import read_facts
 from devplugin.gpu.health import HealthWatcher
 from devplugin.gpu.health_state import HealthStore
 from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
+from devplugin.gpu.layout_watch import LayoutChange, LayoutWatcher
 from devplugin.isolation.shim_files import ShimPaths
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,12 @@ def run(cfg: DraConfig) -> int:
                        labels=watch.labels)
     plugin_box.append(plugin)
 
+    stale: set[str] = set()  # devices whose GPU's MIG layout changed: tainted while this plugin runs
+
     def health_changed(uuid: str, healthy: bool, reason: str) -> bool:
         with lock:
+            if healthy and uuid in stale:
+                return False
             before = uuid in unhealthy
             if healthy:
                 unhealthy.pop(uuid, None)
@@ -129,6 +134,14 @@ def run(cfg: DraConfig) -> int:
     health = HealthWatcher(gpus, on_change=health_changed, ignored_xids=cfg.xid_set("ignored_xids"),
                            recovery_seconds=cfg.recovery_seconds, reset_xids=cfg.xid_set("reset_xids"),
                            store=HealthStore(Path(cfg.state_dir)))
+
+    def layout_changed(change: LayoutChange) -> None:
+        for uuid in change.affected:
+            with lock:
+                stale.add(uuid)
+            health_changed(uuid, False, change.reason)
+
+    layout = LayoutWatcher(gpus, layout_changed, cfg.mig_check_interval)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -144,6 +157,7 @@ def run(cfg: DraConfig) -> int:
         log.error("cannot watch GPU health: %s", exc)
         stop_endpoints(servers)
         return EXIT_CONFIG
+    layout.start()
     log.info("node %s: %d GPUs for DRA driver %s", node, len(gpus), contract.DRA_DRIVER,
              extra={"fields": {"node": node, "gpus": len(gpus)}})
     watch.start()
@@ -154,6 +168,7 @@ def run(cfg: DraConfig) -> int:
             plugin.apply_mode()
     finally:
         plugin.stop()
+        layout.stop()
         health.stop()
         watch.stop()
         pods.stop()

@@ -35,6 +35,9 @@ class DraConfig(Settings):
                              "comma-separated XIDs that do not mark a GPU unhealthy")
     reset_xids: str = _opt(",".join(str(x) for x in sorted(DEFAULT_RESET_XIDS)),
                            "comma-separated XIDs after which a GPU stays unhealthy until it is reset")
+    mig_check_interval: float = _opt(
+        10.0, "seconds between reads of each GPU's MIG mode and MIG devices: the devices of a GPU whose MIG mode waits "
+        "for a reset or whose MIG devices changed are tainted NoSchedule", maximum=3600.0)
     recovery_seconds: float = _opt(60.0, "an unhealthy GPU quiet for this long turns healthy (not --reset-xids)",
                                    maximum=86400.0)
     resync_seconds: float = _opt(30.0, "how often the ResourceSlices are compared with the apiserver's (a health "

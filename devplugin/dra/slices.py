@@ -7,6 +7,8 @@ One pool per node (named after the node) in two slices, as the API wants counter
   `memory` and `cores`) and an exclusive device `gpu-N-whole` (type=whole). Both consume `gpu-N: 1` from `gpus`, so
   the scheduler gives a GPU either to shares or to one whole claim, never both: a device that allows multiple
   allocations takes its counters with its first share and gives them back with its last.
+A MIG device (gpu/mig.py) is published as a GPU of its own, `gpu-N` and `gpu-N-whole` at its share index, with its
+memory, and the attributes `migProfile`, `parentUUID` and `parentIndex`; its GPU is not published.
 A GPU the health watcher failed carries the NoSchedule taint `gpu.gpushare.io/unhealthy` on both its devices.
 The names are the first-tried ones (devplugin/dra/slice_names.py); the publisher gives a slice another name of the
 node's own when that one is taken.
@@ -87,6 +89,11 @@ def _attributes(gpu: GPU, kind: str, facts: GpuFacts) -> dict[str, dict[str, obj
         "uuid": {"string": gpu.uuid},
         "productName": {"string": gpu.name},
     }
+    if gpu.is_mig:  # a MIG device: its profile and its GPU (claims select by profile with CEL)
+        attrs[contract.DRA_ATTR_MIG_PROFILE] = {"string": gpu.mig_profile}
+        attrs[contract.DRA_ATTR_PARENT_UUID] = {"string": gpu.parent_uuid}
+        if gpu.parent_index is not None:
+            attrs[contract.DRA_ATTR_PARENT_INDEX] = {"int": gpu.parent_index}
     cc = semver(facts.compute_capability.get(gpu.uuid, ""))
     if cc:
         attrs["computeCapability"] = {"version": cc}
