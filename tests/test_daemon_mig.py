@@ -68,6 +68,19 @@ def test_a_gpu_waiting_for_a_mig_reset_takes_no_new_pods() -> None:
             assert got.envs["NVIDIA_VISIBLE_DEVICES"] == gpus[0].uuid
 
 
+def test_metrics_show_each_mig_device_under_its_gpu() -> None:
+    from tests.test_metrics_node import scrape
+    gpus = mig_node()
+    with running(gpus, health_port=0) as r:
+        assert r.registered_all()
+        samples = scrape(r)
+        mig = {labels["uuid"]: labels for labels, value in samples["gpushare_gpu_mig_device_info"] if value == 1}
+        assert {u: (m["parent_uuid"], m["parent_gpu"], m["profile"]) for u, m in mig.items()} == {
+            d.uuid: (gpus[1].uuid, "1", d.profile) for d in gpus[1].mig_devices}
+        caps = {labels["uuid"]: value for labels, value in samples["gpushare_gpu_memory_capacity_units"]}
+        assert caps[gpus[1].mig_devices[2].uuid] == 9 and gpus[1].uuid not in caps
+
+
 @contextmanager
 def serving(gpus: list[FakeGPU], **overrides: object) -> Iterator[tuple[FakeApiserver, KubeletEmulator, Supervisor,
                                                                          FakeDriver]]:

@@ -119,6 +119,9 @@ class _Families:
         self.whole = gauge("gpu_whole_held", "1 while a gpu-count container holds the GPU whole")
         self.healthy = gauge("gpu_healthy", "1 when no critical XID holds the GPU down, else 0")
         self.unhealthy = gauge("gpu_unhealthy_info", "1 for each unhealthy GPU, with why", g + ["reason"])
+        self.mig = gauge("gpu_mig_device_info", "1 for each MIG device served as a GPU of its own (its gpu and uuid "
+                         "labels are those of the per-GPU families), with its GPU and profile",
+                         g + ["parent_gpu", "parent_uuid", "profile"])
         self.registered = gauge("resource_registered", "1 when the resource is registered with the kubelet running now",
                                 ["node", "resource"])
         self.info = gauge("node_info", "The mode this daemon serves", ["node", "mode", "placement", "mem_unit"])
@@ -129,7 +132,8 @@ class _Families:
 
     def all(self) -> list[Metric]:
         return [self.mem_used, self.mem_cap, self.bytes_used, self.bytes_cap, self.core_used, self.core_cap,
-                self.containers, self.whole, self.healthy, self.unhealthy, self.registered, self.info, self.errors]
+                self.containers, self.whole, self.healthy, self.unhealthy, self.mig, self.registered, self.info,
+                self.errors]
 
 
 class NodeCollector(Collector):
@@ -174,6 +178,9 @@ class NodeCollector(Collector):
             f.healthy.add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
             if gpu.uuid in unhealthy:
                 f.unhealthy.add_metric(labels + [unhealthy[gpu.uuid]], 1)
+            if gpu.is_mig:
+                parent = "" if gpu.parent_index is None else str(gpu.parent_index)
+                f.mig.add_metric(labels + [parent, gpu.parent_uuid, gpu.mig_profile], 1)
         for kind in node.kinds:
             f.registered.add_metric([self.node_name, node.resource_name(kind)], 1 if nd.daemon.registered(kind) else 0)
         f.info.add_metric([self.node_name, node.mode, node.placement, node.unit.name], 1)

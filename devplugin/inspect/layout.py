@@ -46,11 +46,24 @@ def _used(mib: float | None, unit_mib: int) -> str:
 def _gpu_row(g: GpuReport, unit_mib: int, use: bool) -> list[str]:
     core = "whole" if g.whole else f"{g.coreAllocated}/{g.coreTotal}"
     note = "" if g.healthy else "unhealthy"
+    name = f"  {g.index} {g.migProfile}" if g.parent else str(g.index)  # a MIG device, under its GPU's row
     if not use:
-        return [str(g.index), f"{g.memAllocated}/{g.memTotal}", core, str(len(g.pods)), note]
+        return [name, f"{g.memAllocated}/{g.memTotal}", core, str(len(g.pods)), note]
     compute = "-" if g.computeUsed is None else f"{round(g.computeUsed)}"
-    return [str(g.index), f"{g.memAllocated}/{g.memTotal}", _used(g.memUsedMiB, unit_mib), core, compute,
+    return [name, f"{g.memAllocated}/{g.memTotal}", _used(g.memUsedMiB, unit_mib), core, compute,
             str(len(g.pods)), note]
+
+
+def _in_gpu_order(gpus: Sequence[GpuReport]) -> list[GpuReport]:
+    """Whole GPUs by index, each GPU in MIG mode at its index as its MIG devices."""
+    return sorted(gpus, key=lambda g: (g.parentIndex if g.parent and g.parentIndex is not None else g.index,
+                                       bool(g.parent), g.index))
+
+
+def _parent_row(g: GpuReport, use: bool) -> list[str]:
+    """The row of a GPU in MIG mode: its index and `MIG`; its MIG devices follow."""
+    label = str(g.parentIndex) if g.parentIndex is not None else g.parent
+    return [label, "MIG", "", "", "", "", ""] if use else [label, "MIG", "", "", ""]
 
 
 def _pod_line(p: PodOnGpu, unit: str, unit_mib: int) -> str:
@@ -79,7 +92,11 @@ def node_block(n: NodeReport, details: bool, use: bool = False) -> list[str]:
         ["GPU", f"MEMORY({unit})", "CORE(%)", "PODS", ""]
     rows: list[list[str]] = [head_row]
     pod_lines: dict[int, list[str]] = {}
-    for g in n.gpus:
+    parents: set[str] = set()
+    for g in _in_gpu_order(n.gpus):
+        if g.parent and g.parent not in parents:
+            parents.add(g.parent)
+            rows.append(_parent_row(g, use))
         rows.append(_gpu_row(g, n.unitMiB, use))
         if details:
             pod_lines[len(rows) - 1] = [_pod_line(p, unit, n.unitMiB) for p in g.pods]

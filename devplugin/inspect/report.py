@@ -55,6 +55,10 @@ class GpuReport:
     pods: list[PodOnGpu] = field(default_factory=list)
     memUsedMiB: float | None = None  # what its containers use, from the node daemon (None: not known)
     computeUsed: float | None = None  # percent of the GPU its measured containers used
+    # A MIG device shared as a GPU of its own: the UUID and NVML index of its GPU, its profile ("" / None otherwise)
+    parent: str = ""
+    parentIndex: int | None = None
+    migProfile: str = ""
 
 
 @dataclass
@@ -138,9 +142,12 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
         # the daemon's usage already counts the containers it recorded before publishing it (the extender's rule)
         rooms = node_room(entry.inventory,
                           (not_in_usage(h, daemon_record(p), entry.usage) for p, h, _ in on_node), entry.usage)
-        models = {g.index: g.model for g in entry.inventory.gpus}
-        gpus = [GpuReport(r.index, r.uuid, models.get(r.index, ""), r.healthy, r.mem_total,
-                          r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole) for r in rooms]
+        inv = {g.index: g for g in entry.inventory.gpus}
+        gpus = [GpuReport(r.index, r.uuid, inv[r.index].model if r.index in inv else "", r.healthy, r.mem_total,
+                          r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole,
+                          parent=inv[r.index].parent_uuid if r.index in inv else "",
+                          parentIndex=inv[r.index].parent_index if r.index in inv else None,
+                          migProfile=inv[r.index].mig_profile if r.index in inv else "") for r in rooms]
         by_index = {g.index: g for g in gpus}
         for pod, held, state in sorted(on_node, key=lambda t: t[0].key):
             for container, shares in sorted(held.items()):
