@@ -68,6 +68,16 @@ def test_a_gpu_waiting_for_a_mig_reset_takes_no_new_pods() -> None:
             assert got.envs["NVIDIA_VISIBLE_DEVICES"] == gpus[0].uuid
 
 
+def test_an_xid_of_a_gpu_in_mig_mode_takes_its_mig_devices_out_until_it_recovers() -> None:
+    with running(mig_node(), recovery_seconds=0.5) as r:
+        assert r.registered_all()
+        assert r.kubelet.wait_for(lambda k: k.allocatable() == ADVERTISED, timeout=5)
+        r.driver.raise_xid(1, 8)  # transient, on the GPU whose MIG devices are served
+        assert r.kubelet.wait_for(lambda k: k.allocatable().get(MEM) == 160 and k.allocatable().get(COUNT) == 2,
+                                  timeout=5)
+        assert r.kubelet.wait_for(lambda k: k.allocatable() == ADVERTISED, timeout=5)
+
+
 def test_metrics_show_each_mig_device_under_its_gpu() -> None:
     from tests.test_metrics_node import scrape
     gpus = mig_node()

@@ -89,6 +89,8 @@ class HealthWatcher:
         self._recheck_at: dict[str, float] = {}  # unhealthy GPU uuid -> when to re-check it (monotonic)
         self._faults: dict[str, Fault] = {}  # unhealthy GPU uuid -> why (what the state file holds)
         self._by_handle: dict[int | None, GPU] = {}  # registered GPUs by NVML handle address (None: NULL)
+        # MIG devices (gpu/mig.py), by their GPU's handle address: XIDs come on the GPU's handle, for all of them
+        self._migs_by_parent: dict[int | None, list[GPU]] = {}
         self._event_set: object | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,7 +116,8 @@ class HealthWatcher:
         log.info(
             "watching %d of %d GPUs for XID events (ignored XIDs: %s; XIDs that need a GPU reset: %s; recovery "
             "after %g s; saved health: %s)",
-            len(self._by_handle), len(self._gpus), ",".join(map(str, sorted(self._ignored))) or "none",
+            len(self._by_handle) + sum(map(len, self._migs_by_parent.values())), len(self._gpus),
+            ",".join(map(str, sorted(self._ignored))) or "none",
             ",".join(map(str, sorted(self._reset_xids))) or "none", self._recovery,
             self._store.path if self._store is not None else "none",
         )
@@ -135,6 +138,7 @@ class HealthWatcher:
             log.debug("nvmlEventSetFree: %s", nvml.describe(err))
         self._event_set = None
         self._by_handle.clear()
+        self._migs_by_parent.clear()
         nvml.shutdown()
 
     def unhealthy(self) -> frozenset[str]:
@@ -189,11 +193,19 @@ class HealthWatcher:
     def _on_event(self, data: pynvml.c_nvmlEventData_t) -> None:
         if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
             return
-        gpu = self._by_handle.get(_address(data.device))
         xid = int(data.eventData)
+        address = _address(data.device)
+        gpu = self._by_handle.get(address)
         if gpu is None:
-            log.warning("XID %d on a GPU this daemon does not watch", xid, extra={"fields": {"xid": xid}})
+            migs = self._migs_by_parent.get(address, [])
+            if not migs:
+                log.warning("XID %d on a GPU this daemon does not watch", xid, extra={"fields": {"xid": xid}})
+            for mig in migs:  # an XID of a GPU in MIG mode: each of its MIG devices it serves
+                self._on_xid(mig, xid)
             return
+        self._on_xid(gpu, xid)
+
+    def _on_xid(self, gpu: GPU, xid: int) -> None:
         fields = {"gpu_index": gpu.index, "gpu": gpu.uuid, "xid": xid}
         if xid in self._ignored:
             log.info("GPU %d (%s): XID %d, ignored (application error)", gpu.index, gpu.uuid, xid,
@@ -240,7 +252,7 @@ class HealthWatcher:
             self._recheck_at.pop(gpu.uuid, None)
             self._faults.pop(gpu.uuid, None)
         self._save()
-        if gpu not in self._by_handle.values():
+        if gpu not in self._by_handle.values() and not any(gpu in m for m in self._migs_by_parent.values()):
             self._register(gpu)  # it was lost when we started: watch it from now on
         log.warning("GPU %d (%s) healthy again: %s", gpu.index, gpu.uuid, reason,
                     extra={"fields": {"gpu_index": gpu.index, "gpu": gpu.uuid, "healthy": True}})
@@ -379,7 +391,11 @@ class HealthWatcher:
         """Register the GPU for XID events; a lost or unreachable GPU starts unhealthy."""
         fields = {"gpu_index": gpu.index, "gpu": gpu.uuid}
         try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            # a MIG device's XIDs are delivered on its GPU's handle (registered once for all its MIG devices)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.parent_uuid or gpu.uuid)
+            if gpu.is_mig and _address(handle) in self._migs_by_parent:
+                self._migs_by_parent[_address(handle)].append(gpu)
+                return
             supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
             if not supported & pynvml.nvmlEventTypeXidCriticalError:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -394,4 +410,7 @@ class HealthWatcher:
         except pynvml.NVMLError as err:
             self._mark_unhealthy(gpu, f"cannot watch GPU {gpu.index} ({gpu.uuid}): {nvml.describe(err)}")
             return
-        self._by_handle[_address(handle)] = gpu
+        if gpu.is_mig:
+            self._migs_by_parent[_address(handle)] = [gpu]
+        else:
+            self._by_handle[_address(handle)] = gpu
