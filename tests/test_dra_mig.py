@@ -80,3 +80,4 @@ def test_a_claim_selects_a_mig_profile_with_cel(cluster: DraCluster, profile: st
     got = cluster.claim(ns, "small")
     assert _devices(got) == [device]
     assert got["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["memory"] == "4Gi"
+

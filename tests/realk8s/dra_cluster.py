@@ -45,7 +45,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin import contract
-from devplugin_sim.fake_driver import FakeDriver
+from devplugin_sim.fake_driver import FakeDriver, FakeGPU
 from tests.realk8s import kubeconfigs, manifests
 from tests.realk8s.agent import NodeAgent
 from tests.realk8s.apiserver import apiserver_flags, start_etcd
@@ -83,6 +83,8 @@ class DraSpec:
     plugin: str = "devplugin"
     runtime: bool = True  # the node agents run the pods' containers (runc; tests/realk8s/node_runtime.py)
     toolkit_volume_mounts: bool = True  # the nodes' NVIDIA container toolkit: its secure setting
+    # Per node (by index), the fake driver's GPUs when they are not `gpus` identical GPUs of `gpu_mib` (MIG, ...)
+    node_layouts: tuple[tuple[FakeGPU, ...], ...] = ()
 
 
 def missing_binaries() -> list[str]:
@@ -250,7 +252,8 @@ class DraCluster(PodAccess):
             node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
                                         cert=cert)
             driver = (None if self.spec.plugin == "stub"
-                      else FakeDriver.create(root / "drv", node_gpus(name, self.spec.gpus, self.spec.gpu_mib)))
+                      else FakeDriver.create(root / "drv", list(self.spec.node_layouts[i]) if self.spec.node_layouts
+                                             else node_gpus(name, self.spec.gpus, self.spec.gpu_mib)))
             agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
                               extra_args=["--plugins-registry-dir", str(root / "plugins_registry"),
                                           "--cdi-dir", str(root / "cdi"), "--status-period", "10s",
