@@ -181,3 +181,55 @@ def test_a_gpus_uuid_takes_its_mig_devices_along_and_a_profile_is_chosen_by_name
     assert placed({c.ANN_AVOID_GPU_MODEL: "mig"}) == {0}
     out = filter_nodes(st, pod(mem=40, annotations={c.ANN_USE_GPU_UUID: gpu}), ["mig"])
     assert "excluded by the pod's GPU selection: GPU 0: not named in gpushare.io/use-gpu-uuid" in out.failed["mig"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from([A100, H100]), min_size=1, max_size=4),
+                          st.lists(st.integers(0, 15), min_size=4, max_size=4)), min_size=1, max_size=6),
+       st.sampled_from([{c.ANN_USE_GPU_MODEL: "h100"}, {c.ANN_AVOID_GPU_MODEL: "A100"},
+                        {c.ANN_AVOID_GPU_UUID: "GPU-00000000-0000-4000-8000-000000000001"},
+                        {c.ANN_USE_GPU_MODEL: "nvidia", c.ANN_AVOID_GPU_MODEL: "sxm4"}]),
+       st.integers(1, 15), st.sampled_from([0, 10, 50]))
+def test_a_one_share_pods_answers_from_the_index_equal_fit_on_the_allowed_gpus(
+        layouts: list[tuple[list[str], list[int]]], annotations: dict[str, str], mem: int, core: int) -> None:
+    from devplugin.scheduler.extender import fit_selected
+    from devplugin.scheduler.fit import ask_of, score
+    from devplugin.scheduler.selected import narrow
+
+    state = ClusterState()
+    objs, held = [], []
+    for n, (models, used) in enumerate(layouts):
+        name = f"n{n}"
+        objs.append(mixed(name, models))
+        for i in range(len(models)):
+            if used[i]:
+                share = c.GpuShare(i, uuid(name, i), used[i], 0)
+                held.append(pod(f"h{n}-{i}", mem=used[i], node_name=name, phase="Running", annotations={
+                    c.ANN_ALLOCATED: c.PodAssignment(name, 1, {"main": (share,)}).render()}))
+    state.replace_nodes(objs)
+    state.replace_pods(held)
+    names = [f"n{n}" for n in range(len(layouts))]
+    p = pod("new", mem=mem, core=core, annotations=annotations)
+    from devplugin.allocation.gpu_selection import read_selection
+    from devplugin.allocation.requests import pod_request
+
+    selection = read_selection(annotations)
+    ask = ask_of(pod_request(p))
+    out = filter_nodes(state, p, names)
+    want_passed, want_failed, want_unresolvable = [], {}, {}
+    want_scores = {}
+    for name in names:
+        view = state.view(name)
+        assert view is not None
+        result = fit_selected(ask, view, selection)
+        if result.ok:
+            want_passed.append(name)
+        elif result.unresolvable:
+            want_unresolvable[name] = result.reason
+        else:
+            want_failed[name] = result.reason
+        narrowed = narrow(view, selection)
+        want_scores[name] = 0 if isinstance(narrowed, str) else score(narrowed.view, fit_selected(ask, view, selection))
+    assert sorted(out.passed) == sorted(want_passed)
+    assert out.failed == want_failed and out.unresolvable == want_unresolvable
+    assert dict(prioritize(state, p, names)) == want_scores

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from devplugin.contract import (
     ANN_AVOID_GPU_MODEL,
@@ -63,14 +63,17 @@ class SelectionError(ValueError):
 
 @dataclass(frozen=True)
 class Entries:
-    """One annotation's entries: as written (trimmed, repeats dropped) and the name it was read under."""
+    """One annotation's entries: as written (trimmed, repeats dropped) and the name it was read under; `folded`
+    the same entries case-folded, `keys` as a set (computed once: filter matches them against every GPU)."""
 
     annotation: str
     values: tuple[str, ...]
+    folded: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    keys: frozenset[str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def folded(self) -> tuple[str, ...]:
-        return tuple(v.casefold() for v in self.values)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "folded", tuple(v.casefold() for v in self.values))
+        object.__setattr__(self, "keys", frozenset(self.folded))
 
     def text(self) -> str:
         """`name=a,b` as a message shows it."""
@@ -85,6 +88,12 @@ class Selection:
     avoid_models: Entries | None = None
     use_uuids: Entries | None = None
     avoid_uuids: Entries | None = None
+    # the selection as one text, equal for equal selections (what a node's catalog remembers its answer under)
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = (self.use_models, self.avoid_models, self.use_uuids, self.avoid_uuids)
+        object.__setattr__(self, "key", repr(tuple((e.annotation, e.values) if e else None for e in parts)))
 
     @property
     def parts(self) -> tuple[Entries, ...]:
@@ -92,7 +101,7 @@ class Selection:
 
     @property
     def empty(self) -> bool:
-        return not self.parts
+        return not (self.use_models or self.avoid_models or self.use_uuids or self.avoid_uuids)
 
     def text(self) -> str:
         """The annotations given, `name=entries; ...`."""
@@ -101,20 +110,24 @@ class Selection:
     def why_excluded(self, model: str, uuid: str, parent_uuid: str = "") -> str:
         """'' when a GPU of this model and UUID (a MIG device: and this parent GPU) may be used, else which
         annotation excludes it and why."""
-        name = model.casefold()
-        if self.use_models and not any(v in name for v in self.use_models.folded):
-            return f"model {_clip(model)!r} is not one {self.use_models.annotation} asks for"
-        if self.avoid_models:
-            hit = next((v for v, f in zip(self.avoid_models.values, self.avoid_models.folded, strict=True)
-                        if f in name), None)
-            if hit is not None:
-                return f"model {_clip(model)!r} matches {_clip(hit)!r} of {self.avoid_models.annotation}"
-        keys = {uuid.casefold(), parent_uuid.casefold()} - {""}
-        if self.use_uuids and not keys & set(self.use_uuids.folded):
-            return f"not named in {self.use_uuids.annotation}"
-        if self.avoid_uuids and keys & set(self.avoid_uuids.folded):
-            return f"named in {self.avoid_uuids.annotation}" + (" (its GPU)" if parent_uuid and uuid.casefold()
-                                                                not in self.avoid_uuids.folded else "")
+        use, avoid = self.use_models, self.avoid_models
+        if use or avoid:
+            name = model.casefold()
+            if use and not any(v in name for v in use.folded):
+                return f"model {_clip(model)!r} is not one {use.annotation} asks for"
+            if avoid:
+                hit = next((v for v, f in zip(avoid.values, avoid.folded, strict=True) if f in name), None)
+                if hit is not None:
+                    return f"model {_clip(model)!r} matches {_clip(hit)!r} of {avoid.annotation}"
+        use, avoid = self.use_uuids, self.avoid_uuids
+        if use or avoid:
+            own, parent = uuid.casefold(), parent_uuid.casefold()
+            if use and own not in use.keys and (not parent or parent not in use.keys):
+                return f"not named in {use.annotation}"
+            if avoid and own in avoid.keys:
+                return f"named in {avoid.annotation}"
+            if avoid and parent and parent in avoid.keys:
+                return f"named in {avoid.annotation} (its GPU)"
         return ""
 
 
@@ -129,7 +142,7 @@ def read_selection(annotations: Mapping[str, object]) -> Selection:
     parts: dict[str, Entries | None] = {}
     for attr, ours, hamis, uuids in PAIRS:
         mine, theirs = _entries(annotations, ours, uuids), _entries(annotations, hamis, uuids)
-        if mine is not None and theirs is not None and set(mine.folded) != set(theirs.folded):
+        if mine is not None and theirs is not None and mine.keys != theirs.keys:
             raise SelectionError(f"annotations {mine.text()} and {theirs.text()} disagree: they are two names for one "
                                  "choice; keep one of them, or make both list the same entries")
         parts[attr] = mine or theirs
@@ -212,7 +225,7 @@ def _check_uuid(name: str, text: str) -> None:
 def _check_contradictions(selection: Selection) -> None:
     use, avoid = selection.use_uuids, selection.avoid_uuids
     if use and avoid:
-        both = next((v for v, f in zip(use.values, use.folded, strict=True) if f in avoid.folded), None)
+        both = next((v for v, f in zip(use.values, use.folded, strict=True) if f in avoid.keys), None)
         if both is not None:
             raise SelectionError(f"{both} is named both in {use.annotation} and in {avoid.annotation}: a GPU cannot "
                                  "be both chosen and avoided; remove it from one of them")

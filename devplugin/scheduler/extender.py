@@ -29,7 +29,7 @@ from devplugin.contract import (
 from devplugin.scheduler import one_share
 from devplugin.scheduler.fit import Ask, Fit, NodeView, ask_of, fit, score, single_share
 from devplugin.scheduler.one_share import ShareIndex, index_of
-from devplugin.scheduler.selected import narrow
+from devplugin.scheduler.selected import left_out, narrow
 from devplugin.scheduler.state import ClusterState, NodeEntry, node_entry
 
 log = logging.getLogger(__name__)
@@ -103,9 +103,11 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
         return out
     state.expire()
     ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem and selection.empty else None
+    one = single_share(ask) if not ask.problem else None
     if one is not None:  # the common case: answered from each node's index
         listed, indexes = _indexes(state, pod, names, nodes)
+        if not selection.empty:  # nodes it narrows are answered here, the others from their index
+            listed, indexes = _narrowed_filter(ask, listed, indexes, selection, out)
         one_share.filter_nodes(listed, indexes, one.mem, one.core, out.passed, out.failed, out.unresolvable)
         state.filtered(pod.uid, out.passed)
         return out
@@ -156,13 +158,39 @@ def _scores(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None, 
         listed = _names(names, nodes)
         return listed, None, [MIN_SCORE] * len(listed)
     ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem and selection.empty else None
+    one = single_share(ask) if not ask.problem else None
     if one is not None:  # the common case: answered from each node's index
         nodes_listed, indexes = _indexes(state, pod, names, nodes)
-        return nodes_listed, indexes, one_share.scores(indexes, one.mem, one.core)
+        values = one_share.scores(indexes, one.mem, one.core)
+        if not selection.empty:  # nodes it narrows are scored on the GPUs it allows
+            for i, ix in enumerate(indexes):
+                if ix is not None and not ix.problem and left_out(ix.view.catalog, selection):
+                    values[i] = _score(ask, ix.view, selection)
+        return nodes_listed, indexes, values
     views = _views(state, pod, names, nodes)
     return ([name for name, _ in views], None,
             [_score(ask, view, selection) if view is not None else MIN_SCORE for _, view in views])
+
+
+def _narrowed_filter(ask: Ask, listed: Sequence[str], indexes: Sequence[ShareIndex | None], selection: Selection,
+                     out: FilterOutcome) -> tuple[list[str], list[ShareIndex | None]]:
+    """filter for a one-share pod with a GPU selection: the nodes it narrows are answered into `out` by fit on the
+    GPUs it allows; the nodes it leaves whole (and nodes not seen) are returned, to be answered from their index."""
+    whole_names: list[str] = []
+    whole: list[ShareIndex | None] = []
+    for name, ix in zip(listed, indexes, strict=True):
+        if ix is None or ix.problem or not left_out(ix.view.catalog, selection):
+            whole_names.append(name)
+            whole.append(ix)
+            continue
+        result = fit_selected(ask, ix.view, selection)
+        if result.ok:
+            out.passed.append(name)
+        elif result.unresolvable:
+            out.unresolvable[name] = result.reason
+        else:
+            out.failed[name] = result.reason
+    return whole_names, whole
 
 
 def fit_selected(ask: Ask, view: NodeView, selection: Selection) -> Fit:

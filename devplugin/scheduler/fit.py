@@ -28,6 +28,7 @@ from devplugin.allocation.requests import ContainerRequest, PodRequest, PodReque
 from devplugin.allocation.topology import ANY, NUMA, NVLINK, Where, choose
 from devplugin.allocation.unreserved import advice, core_needed
 from devplugin.contract import LABEL_ACK_MULTI_GPU, GpuShare
+from devplugin.scheduler.gpu_catalog import GpuCatalog
 from devplugin.scheduler.room import GpuRoom, gpu_list, mem_text
 
 MODES_WITH_CORE = ("core_mem",)
@@ -43,8 +44,7 @@ class NodeView:
     unit_mib: int
     gpus: tuple[GpuRoom, ...]
     problem: str = ""  # set when the node cannot take GPU pods at all (no inventory, unknown mode)
-    models: Mapping[int, str] = field(default_factory=dict)  # GPU index -> NVML product name (the inventory's)
-    parents: Mapping[int, str] = field(default_factory=dict)  # a MIG device's index -> its GPU's UUID (the inventory's)
+    catalog: GpuCatalog = field(default_factory=GpuCatalog)  # the GPUs' models and MIG parents, for GPU selections
 
     @cached_property
     def open_rooms(self) -> tuple[tuple[int, int, int, str], ...]:

@@ -40,6 +40,7 @@ from devplugin.contract import (
 )
 from devplugin.kube.labels import mode_from_labels
 from devplugin.scheduler.fit import NodeView
+from devplugin.scheduler.gpu_catalog import GpuCatalog
 from devplugin.scheduler.one_share import ShareIndex, index_of
 from devplugin.scheduler.placements import Holding, counted, pod_holding
 from devplugin.scheduler.room import GpuRoom, node_room
@@ -79,6 +80,7 @@ class NodeEntry:
     held: dict[str, Held] = field(default_factory=dict)
     cached: NodeView | None = None  # the view with every pod counted; None when stale
     cached_index: ShareIndex | None = None  # the index of `cached`
+    catalog: GpuCatalog = field(default_factory=GpuCatalog)  # the inventory's GPUs for pods' GPU selections
 
     def stale(self) -> None:
         """A pod on the node changed: its view and index are built again when next asked for."""
@@ -135,15 +137,6 @@ class NodeEntry:
             rooms.append(room)
         return rooms
 
-    def models(self) -> dict[int, str]:
-        """GPU index -> the model the node daemon publishes (what a pod's GPU selection matches)."""
-        return {g.index: g.model for g in self.inventory.gpus} if self.inventory is not None else {}
-
-    def parents(self) -> dict[int, str]:
-        """A MIG device's index -> its GPU's UUID (a pod's UUID selection names the GPU for its MIG devices)."""
-        return ({g.index: g.parent_uuid for g in self.inventory.gpus if g.parent_uuid}
-                if self.inventory is not None else {})
-
     def view(self, without: str | Collection[str] = "") -> NodeView:
         """The node as fit sees it; `without` leaves pods out by UID (a pod scheduled again, preemption victims)."""
         out = {without} if isinstance(without, str) else set(without)
@@ -153,14 +146,13 @@ class NodeEntry:
                                if u not in out),
                               self.usage,
                               (in_usage(h.shares, h.recorded, self.usage) for u, h in self.held.items() if u in out))
-            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem, self.models(),
-                            self.parents())
+            return NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem, self.catalog)
         if self.cached is None:
             rooms = () if self.inventory is None else node_room(
                 self.inventory, (not_in_usage(h.shares, h.recorded, self.usage) for h in self.held.values()),
                 self.usage)
             self.cached = NodeView(self.name, self.mode, self.placement, self.unit_mib, rooms, self.problem,
-                                   self.models(), self.parents())
+                                   self.catalog)
         return self.cached
 
 
@@ -229,6 +221,7 @@ def node_entry(obj: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> NodeEntry
     entry.placement = placement if placement in PLACEMENTS else "binpack"
     entry.unit_mib = inv.mem_unit_mib
     entry.inventory = inv
+    entry.catalog = GpuCatalog.of(inv)
     if entry.mode not in MODES:
         entry.problem = f"node mode {entry.mode!r} is not one of {', '.join(MODES)}"
     raw_usage = ann.get(ANN_NODE_USAGE)
