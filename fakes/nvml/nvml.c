@@ -5,7 +5,8 @@
  * behaviour.
  *
  * Device handles carry the config's index (what NVML calls the index); everything read from the state file is
- * read at the GPU's slot (slot() below), which a container's config sets to the node's index of the GPU.
+ * read at the GPU's slot (slot() below), which a container's config sets to the node's index of the GPU. MIG
+ * device handles carry FAKE_GPU_MAX_GPUS + their `mig` line and answer as devices of their own (nvml_mig.c).
  */
 #include <pthread.h>
 #include <stdlib.h>
