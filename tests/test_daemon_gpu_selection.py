@@ -149,3 +149,18 @@ def _pod(annotations: dict[str, str]):  # type: ignore[no-untyped-def]
     from devplugin.allocation.requests import pod_request
 
     return pod_request({"metadata": {"name": "p", "uid": "u", "annotations": annotations}, "spec": {"containers": []}})
+
+
+def test_a_container_placed_for_another_that_asks_alike_is_refused_where_its_own_selection_excludes_the_gpu(
+        r: Running) -> None:
+    """Two pods pending at once ask alike: the kubelet admits the younger first, the daemon's first call places it
+    as the likeliest (the older, which has no selection) on GPU 0, and PodResources then names it: it avoids GPU 0,
+    so it is refused rather than left there or split."""
+    older = r.pod("older", mem=3, core=15)
+    assert r.wait_cached(older)
+    younger = r.pod("younger", mem=3, core=15, annotations={c.ANN_AVOID_GPU_UUID: GPUS[0].uuid})
+    assert r.wait_cached(younger)
+    with pytest.raises(AdmissionError, match="its pod's GPU selection excludes GPU 0"):
+        r.admit(younger)
+    msg = events(r, "younger", "GPUAllocationFailed")[0]["message"]
+    assert f"named in {c.ANN_AVOID_GPU_UUID}" in msg and "refusing rather than splitting it" in msg

@@ -295,17 +295,21 @@ class Allocator(PairingFallback, ViewSync):
         guessed = dec.label()
         try:
             request, per_gpu, gpus = self._request_of(pod, container)
+            excluded = excluded_gpus(pod, self.node)
         except RequestError as exc:
             self._latest = None
             self.reporter.refused(pod, container.name, str(exc))
             raise
-        if gpus != len(dec.gpus):
-            gpus_txt = ", ".join(gpu_label(self.node, u) for u in dec.gpus)
+        gpus_txt = ", ".join(gpu_label(self.node, u) for u in dec.gpus)
+        banned = [u for u in dec.gpus if u in excluded]
+        if gpus != len(dec.gpus) or banned:
             self._latest = None
+            why = (f"its pod's GPU selection excludes {gpu_label(self.node, banned[0])} ({excluded[banned[0]]})"
+                   if banned else f"it needs {gpus} GPU(s)")
             conflict = PairingConflict(
                 f"container {key_of(pod, container)}: its first resource was placed on {gpus_txt} for {guessed}, "
-                f"which asks alike, but it needs {gpus} GPU(s); refusing rather than splitting it (the pod can be "
-                "created again)", reason="identity")
+                f"which asks alike, but {why}; refusing rather than splitting it (the pod can be created again)",
+                reason="identity")
             self.reporter.refused(pod, container.name, str(conflict))
             raise conflict
         fixed = replace(dec, key=h.key, pod=pod, container=container, request=request, per_gpu=per_gpu,
