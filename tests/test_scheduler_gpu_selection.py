@@ -233,3 +233,14 @@ def test_a_one_share_pods_answers_from_the_index_equal_fit_on_the_allowed_gpus(
     assert sorted(out.passed) == sorted(want_passed)
     assert out.failed == want_failed and out.unresolvable == want_unresolvable
     assert dict(prioritize(state, p, names)) == want_scores
+
+
+def test_what_a_selection_left_out_is_forgotten_when_the_node_republishes_its_gpus() -> None:
+    st = ClusterState()
+    st.replace_nodes([mixed("n", [A100, A100])])
+    st.replace_pods([])
+    wants = pod(mem=4, annotations={c.ANN_USE_GPU_MODEL: "H100"})
+    assert "n" in filter_nodes(st, wants, ["n"]).unresolvable
+    st.upsert_node(mixed("n", [A100, H100]))  # the daemon publishes its inventory again (a GPU replaced)
+    assert filter_nodes(st, wants, ["n"]).passed == ["n"]
+    assert dict(prioritize(st, wants, ["n"]))["n"] > 0
