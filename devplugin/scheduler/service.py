@@ -143,6 +143,13 @@ FREEZE_EVERY_S = 300.0
 # (bench/webhook_flood.py, docs/benchmarks.md).
 SWITCH_INTERVAL_S = 0.001
 
+# How long an idle connection is kept open. Its callers (the apiserver calling the webhooks, kube-scheduler calling
+# the extender) reuse idle connections for up to 90 s (Go's http.Transport IdleConnTimeout, which both set). A
+# server that closes first races the caller's next request on that connection: the request lands on a socket being
+# closed and the caller gets "connection reset by peer" (a POST is not retried), which for a fail-closed webhook
+# refuses the pod. uvicorn's default is 5 s; longer than the callers' 90 s, they always close first.
+KEEP_ALIVE_S = 100
+
 
 # Python collects its oldest generation on its own once enough objects have survived two younger collections.
 # That pass walks every object not frozen (the nodes' and pods' objects changed since the last freeze, thousands
@@ -204,7 +211,8 @@ def server_config(app: Any, host: str, port: int, cert_file: str = "", key_file:
                "ssl_cert_reqs": ssl.CERT_OPTIONAL if client_ca_file else ssl.CERT_NONE}
         app = ExtenderAuth(app, peers, [n.strip() for n in allowed_clients if n.strip()],
                            [n.strip() for n in webhook_clients if n.strip()])
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off", **tls)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
+                            timeout_keep_alive=KEEP_ALIVE_S, **tls)
     config.load()
     if cert_file:
         config.http_protocol_class = noting_peers(config.http_protocol_class, peers)

@@ -595,7 +595,25 @@ class Cluster(PodAccess):
     def logs(self, lines: int = 40) -> str:
         parts = [f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items()]
         parts += [f"===== {n.name}-agent ({n.agent.log_path}) =====\n{n.agent.tail(lines)}" for n in self.nodes]
+        if self.spec.product_in_pods:
+            parts += self._product_pod_logs(lines)
         return "\n".join(parts)
+
+    def _product_pod_logs(self, lines: int) -> list[str]:
+        """The node daemons' and the extender's containers' output, when they run as pods."""
+        out = []
+        try:
+            pods = self.core.list_namespaced_pod("kube-system").items
+        except Exception as exc:  # noqa: BLE001 - logs for a failed test: say why there are none
+            return [f"===== kube-system pods: not listed: {exc}"]
+        for p in pods:
+            for c in p.spec.containers:
+                try:
+                    text = "\n".join(self.container_logs("kube-system", p.metadata.name, c.name).splitlines()[-lines:])
+                except Exception as exc:  # noqa: BLE001
+                    text = f"(no logs: {exc})"
+                out.append(f"===== pod kube-system/{p.metadata.name} container {c.name} =====\n{text}")
+        return out
 
     def stop(self) -> None:
         for name in [n for n in self.procs if n.endswith("-daemon")]:
