@@ -16,6 +16,18 @@ from tests.realk8s.inside import Sampler, running_pods_see_what_they_were_given
 pytestmark = pytest.mark.realk8s
 
 SEED = 1414
+
+
+def daemon_lines_naming(cluster: Cluster, pods: list[str], most: int = 60) -> str:
+    """The node daemons' log lines that name one of `pods` (the last `most`), for a failure's message."""
+    found = []
+    for node in cluster.nodes:
+        if node.daemon is None or not node.daemon.log.exists():
+            continue
+        for line in node.daemon.log.read_text(errors="replace").splitlines():
+            if any(p in line for p in pods):
+                found.append(f"{node.name}: {line}")
+    return "\n".join(found[-most:]) or "(none)"
 PODS = 160
 DELETE = 0.15  # of the running pods after each burst of 12: about 70 live, near the GPUs' compute
 
@@ -25,7 +37,8 @@ def test_churn_with_the_extender_refuses_nothing_and_gives_nothing_twice(realk8s
     res = run_churn(realk8s.core, ns, realk8s.books, seed=SEED, pods=PODS, delete_fraction=DELETE, settled=sampled)
     print(res.report("with the extender"))
     assert res.created == PODS and res.running > PODS // 2
-    assert res.refused == [], "refused by the node although the extender placed them"
+    assert res.refused == [], ("refused by the node although the extender placed them; what the node daemons "
+                               f"logged of them:\n{daemon_lines_naming(realk8s, [name for name, _ in res.refused])}")
     assert res.pending_with_room == [], "left Pending while a node had room"
     assert realk8s.audit() == []
     assert sampled.checked and sampled.found == [], sampled.found
