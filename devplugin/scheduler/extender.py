@@ -115,13 +115,7 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
         if view is None:
             out.failed[name] = one_share.NOT_SEEN
             continue
-        result = fit_selected(ask, view, selection)
-        if result.ok:
-            out.passed.append(name)
-        elif result.unresolvable:
-            out.unresolvable[name] = result.reason
-        else:
-            out.failed[name] = result.reason
+        _note(out, name, fit_selected(ask, view, selection))
     state.filtered(pod.uid, out.passed)
     return out
 
@@ -172,6 +166,16 @@ def _scores(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None, 
             [_score(ask, view, selection) if view is not None else MIN_SCORE for _, view in views])
 
 
+def _note(out: FilterOutcome, name: str, result: Fit) -> None:
+    """Files node `name` under filter's answer by its fit."""
+    if result.ok:
+        out.passed.append(name)
+    elif result.unresolvable:
+        out.unresolvable[name] = result.reason
+    else:
+        out.failed[name] = result.reason
+
+
 def _narrowed_filter(ask: Ask, listed: Sequence[str], indexes: Sequence[ShareIndex | None], selection: Selection,
                      out: FilterOutcome) -> tuple[list[str], list[ShareIndex | None]]:
     """filter for a one-share pod with a GPU selection: the nodes it narrows are answered into `out` by fit on the
@@ -183,13 +187,7 @@ def _narrowed_filter(ask: Ask, listed: Sequence[str], indexes: Sequence[ShareInd
             whole_names.append(name)
             whole.append(ix)
             continue
-        result = fit_selected(ask, ix.view, selection)
-        if result.ok:
-            out.passed.append(name)
-        elif result.unresolvable:
-            out.unresolvable[name] = result.reason
-        else:
-            out.failed[name] = result.reason
+        _note(out, name, fit_selected(ask, ix.view, selection))
     return whole_names, whole
 
 
