@@ -10,8 +10,6 @@ make them (the spec copied, named after the pod); each example starts on free GP
 from __future__ import annotations
 
 import copy
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devplugin.dra.publisher import SlicePublisher
-from devplugin.dra.slices import build_slices
-from devplugin.gpu.facts import GpuFacts
 from devplugin.gpu.inventory import GPU
-from tests.dra.realk8s_dra import DraCluster, add_node, dra_cluster, wait_for
+from tests.dra.realk8s_dra import DraCluster, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s
 REPO = Path(__file__).resolve().parents[1]
@@ -41,16 +36,7 @@ def _gpus() -> list[GPU]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[DraCluster]:
-    root = Path(tempfile.mkdtemp(prefix="dra-cls-"))
-    with dra_cluster(root) as dc:
-        for doc in yaml.safe_load_all((COMPONENT / "deviceclasses.yaml").read_text()):
-            dc.resource.patch_device_class(doc["metadata"]["name"], {"spec": doc["spec"]})  # the shipped selectors
-        subprocess.run([str(KUBECTL), "--kubeconfig", str(dc.api.kubeconfig), "apply", "-f",
-                        str(COMPONENT / "claim-policies.yaml")], check=True, capture_output=True, timeout=60)
-        add_node(dc, NODE)
-        pub = SlicePublisher(dc.client, NODE, lambda gen: build_slices(NODE, _gpus(), GpuFacts({}, "550.54.15"), {},
-                                                                       gen))
-        assert pub.sync(), pub.last_error
+    with shipped_dra_cluster("dra-cls-", NODE, _gpus) as dc:
         yield dc
 
 

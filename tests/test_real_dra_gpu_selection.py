@@ -6,19 +6,14 @@ not allocated, and the pod stays unscheduled."""
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from devplugin.dra.publisher import SlicePublisher
-from devplugin.dra.slices import build_slices
-from devplugin.gpu.facts import GpuFacts
 from devplugin.gpu.inventory import GPU
-from tests.dra.realk8s_dra import DraCluster, add_node, dra_cluster, pod_with_claims, wait_for
+from tests.dra.realk8s_dra import DraCluster, pod_with_claims, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s
 REPO = Path(__file__).resolve().parents[1]
@@ -40,16 +35,7 @@ def _gpus() -> list[GPU]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[DraCluster]:
-    root = Path(tempfile.mkdtemp(prefix="dra-sel-"))
-    with dra_cluster(root) as dc:
-        for doc in yaml.safe_load_all((COMPONENT / "deviceclasses.yaml").read_text()):
-            dc.resource.patch_device_class(doc["metadata"]["name"], {"spec": doc["spec"]})  # the shipped selectors
-        subprocess.run([str(KUBECTL), "--kubeconfig", str(dc.api.kubeconfig), "apply", "-f",
-                        str(COMPONENT / "claim-policies.yaml")], check=True, capture_output=True, timeout=60)
-        add_node(dc, NODE)
-        pub = SlicePublisher(dc.client, NODE, lambda gen: build_slices(NODE, _gpus(), GpuFacts({}, "550.54.15"), {},
-                                                                       gen))
-        assert pub.sync(), pub.last_error
+    with shipped_dra_cluster("dra-sel-", NODE, _gpus) as dc:
         yield dc
 
 

@@ -133,3 +133,31 @@ def dra_cluster(root: Path) -> Iterator[DraCluster]:
         finally:
             sched.stop()
             api_client.close()
+
+
+@contextmanager
+def shipped_dra_cluster(prefix: str, node: str, gpus: Callable[[], list[Any]]) -> Iterator[DraCluster]:
+    """dra_cluster with the shipped DeviceClasses' selectors and claim policies (deploy/components/dra), and `node`
+    publishing the ResourceSlices of `gpus()` (devplugin.gpu.inventory.GPU) as `devplugin dra` would."""
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    from devplugin.dra.publisher import SlicePublisher
+    from devplugin.dra.slices import build_slices
+    from devplugin.gpu.facts import GpuFacts
+
+    repo = Path(__file__).resolve().parents[2]
+    component = repo / "deploy" / "components" / "dra"
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    with dra_cluster(root) as dc:
+        for doc in yaml.safe_load_all((component / "deviceclasses.yaml").read_text()):
+            dc.resource.patch_device_class(doc["metadata"]["name"], {"spec": doc["spec"]})  # the shipped selectors
+        subprocess.run([str(repo / ".venv" / "bin" / "kubectl"), "--kubeconfig", str(dc.api.kubeconfig), "apply",
+                        "-f", str(component / "claim-policies.yaml")], check=True, capture_output=True, timeout=60)
+        add_node(dc, node)
+        pub = SlicePublisher(dc.client, node, lambda gen: build_slices(node, gpus(), GpuFacts({}, "550.54.15"), {},
+                                                                       gen))
+        assert pub.sync(), pub.last_error
+        yield dc
