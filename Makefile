@@ -42,7 +42,7 @@ $(BUILD)/bin/.helm-$(HELM_VERSION):
 test: all helm e2e-bin realk8s-tools ray-venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # PyTorch (its CUDA 13.0 build, 3 GB) in a venv of its own, and the tests that run it under the shim over the fake
 # driver (tests/test_torch.py). Not part of `make test`: the download and install take 6 to 11 minutes on a cold
