@@ -3,6 +3,8 @@ shared counter that keeps whole GPUs and shares apart, health taints; the capaci
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,15 +34,27 @@ def test_each_gpu_is_a_shared_and_a_whole_device_on_one_counter() -> None:
         {"counterSet": "gpus", "counters": {"gpu-1": {"value": "1"}}}]
     assert share["attributes"] == {
         "type": {"string": "share"}, "index": {"int": 1}, "uuid": {"string": GPUS[1].uuid},
-        "productName": {"string": "Tesla V100-SXM2-16GB"}, "computeCapability": {"version": "8.6.0"},
-        "driverVersion": {"version": "550.54.15"}}
+        "productName": {"string": "Tesla V100-SXM2-16GB"}, "numaNode": {"int": 0},
+        "computeCapability": {"version": "8.6.0"}, "driverVersion": {"version": "550.54.15"}}
     assert whole["attributes"]["type"] == {"string": "whole"}
+    assert "nvlinkIsland" not in share["attributes"], "a GPU without NVLink has no island to match on"
     assert share["capacity"]["memory"] == {"value": str(15 * GiB), "requestPolicy": {
         "default": str(256 * MiB), "validRange": {"min": str(256 * MiB), "max": str(15 * GiB), "step": str(256 * MiB)}}}
     assert share["capacity"]["cores"] == {"value": "100", "requestPolicy": {
         "default": "5", "validRange": {"min": "5", "max": "100", "step": "5"}}}
     assert whole["capacity"] == {"memory": {"value": str(15 * GiB)}, "cores": {"value": "100"}}
     assert "taints" not in share
+
+
+def test_the_nvlink_island_and_numa_node_are_attributes_where_known() -> None:
+    linked = [replace(gpu(i), nvlink_island=i // 2, numa_node=None if i == 3 else i // 2) for i in range(4)]
+    _, devices = build_slices(NODE, linked, GpuFacts({}, ""), {}, 1)
+    attrs = {d["name"]: d["attributes"] for d in devices["spec"]["devices"]}
+    assert [attrs[f"gpu-{i}"][contract.DRA_ATTR_NVLINK_ISLAND] for i in range(4)] == [{"int": 0}, {"int": 0},
+                                                                                       {"int": 1}, {"int": 1}]
+    assert attrs["gpu-2-whole"][contract.DRA_ATTR_NVLINK_ISLAND] == {"int": 1}
+    assert attrs["gpu-2"][contract.DRA_ATTR_NUMA_NODE] == {"int": 1}
+    assert contract.DRA_ATTR_NUMA_NODE not in attrs["gpu-3"]
 
 
 def test_an_unhealthy_gpu_carries_a_noschedule_taint_on_both_devices() -> None:

@@ -9,6 +9,8 @@ One pool per node (named after the node) in two slices, as the API wants counter
   allocations takes its counters with its first share and gives them back with its last.
 A MIG device (gpu/mig.py) is published as a GPU of its own, `gpu-N` and `gpu-N-whole` at its share index, with its
 memory, and the attributes `migProfile`, `parentUUID` and `parentIndex`; its GPU is not published.
+Where known, each device carries `nvlinkIsland` (GPUs joined by NVLink share it: a claim's `matchAttribute` on it
+keeps the claim's GPUs on one island) and `numaNode`.
 A GPU the health watcher failed carries the NoSchedule taint `gpu.gpushare.io/unhealthy` on both its devices.
 The names are the first-tried ones (devplugin/dra/slice_names.py); the publisher gives a slice another name of the
 node's own when that one is taken.
@@ -94,6 +96,10 @@ def _attributes(gpu: GPU, kind: str, facts: GpuFacts) -> dict[str, dict[str, obj
         attrs[contract.DRA_ATTR_PARENT_UUID] = {"string": gpu.parent_uuid}
         if gpu.parent_index is not None:
             attrs[contract.DRA_ATTR_PARENT_INDEX] = {"int": gpu.parent_index}
+    if gpu.nvlink_island is not None:  # a claim keeps its GPUs on one island with matchAttribute
+        attrs[contract.DRA_ATTR_NVLINK_ISLAND] = {"int": gpu.nvlink_island}
+    if gpu.numa_node is not None:
+        attrs[contract.DRA_ATTR_NUMA_NODE] = {"int": gpu.numa_node}
     cc = semver(facts.compute_capability.get(gpu.uuid, ""))
     if cc:
         attrs["computeCapability"] = {"version": cc}
