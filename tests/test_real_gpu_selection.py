@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from devplugin import contract as c
-from tests.realk8s.cluster import Cluster, Spec, node_gpus, running
+from tests.realk8s.cluster import Cluster, Spec, namespace_for_test, node_gpus, running
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, unschedulable, wait_pods
 
 pytestmark = pytest.mark.realk8s
@@ -40,12 +40,7 @@ def mixed() -> Iterator[Cluster]:
 
 @pytest.fixture
 def sns(mixed: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    failed = request.session.testsfailed
-    name = mixed.namespace("sel")
-    yield name
-    if request.session.testsfailed > failed:
-        print(mixed.logs(80))
-    mixed.clear_namespace(name, timeout=120)
+    yield from namespace_for_test(mixed, request, "sel", lines=80, timeout=120)
 
 
 def placed(cluster: Cluster, ns: str, name: str) -> tuple[str, list[str]]:

@@ -13,7 +13,7 @@ import pytest
 
 from devplugin import contract as c
 from devplugin_sim.mig_layouts import mig_node
-from tests.realk8s.cluster import COUNT, MEM, Cluster, Spec, running
+from tests.realk8s.cluster import COUNT, MEM, Cluster, Spec, namespace_for_test, running
 from tests.realk8s.inside import GiB, MiB, View
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, wait_pods
 
@@ -31,12 +31,7 @@ def mig() -> Iterator[Cluster]:
 
 @pytest.fixture
 def mns(mig: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    failed = request.session.testsfailed
-    name = mig.namespace("mig")
-    yield name
-    if request.session.testsfailed > failed:
-        print(mig.logs(80))
-    mig.clear_namespace(name, timeout=120)
+    yield from namespace_for_test(mig, request, "mig", lines=80, timeout=120)
 
 
 def running_pod(cluster: Cluster, ns: str, name: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from devplugin import contract as c
 from devplugin_sim.fake_driver import nvlink_node
-from tests.realk8s.cluster import Cluster, Spec, running
+from tests.realk8s.cluster import Cluster, Spec, namespace_for_test, running
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, wait_pods
 
 pytestmark = pytest.mark.realk8s
@@ -33,12 +33,7 @@ def islands() -> Iterator[Cluster]:
 
 @pytest.fixture
 def tns(islands: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    failed = request.session.testsfailed
-    name = islands.namespace("topo")
-    yield name
-    if request.session.testsfailed > failed:
-        print(islands.logs(80))
-    islands.clear_namespace(name, timeout=120)
+    yield from namespace_for_test(islands, request, "topo", lines=80, timeout=120)
 
 
 def placed(cluster: Cluster, ns: str, name: str) -> list[str]:

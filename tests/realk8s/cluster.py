@@ -660,12 +660,19 @@ def realk8s() -> Iterator[Cluster]:
 def ns(realk8s: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the session's cluster for one test; its pods are deleted at the end, and the components'
     logs printed when the test failed."""
+    yield from namespace_for_test(realk8s, request)
+
+
+def namespace_for_test(cluster: Cluster, request: pytest.FixtureRequest, prefix: str = "t", lines: int = 40,
+                   timeout: float = 60) -> Iterator[str]:
+    """The body of a namespace fixture for `cluster`: a fresh namespace, the components' last `lines` of logs
+    printed when the test failed, its pods deleted (within `timeout`) at the end."""
     failed = request.session.testsfailed
-    name = realk8s.namespace()
+    name = cluster.namespace(prefix)
     yield name
     if request.session.testsfailed > failed:
-        print(realk8s.logs())
-    realk8s.clear_namespace(name)
+        print(cluster.logs(lines))
+    cluster.clear_namespace(name, timeout=timeout)
 
 
 @pytest.fixture
