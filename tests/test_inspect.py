@@ -7,7 +7,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from devplugin.contract import ANN_ALIYUN_MEM_IDX, ANN_ALLOCATED, ANN_SCHEDULED, GpuShare, PodAssignment
+from devplugin.contract import (
+    ANN_ALIYUN_MEM_IDX,
+    ANN_ALLOCATED,
+    ANN_NODE_GPUS,
+    ANN_SCHEDULED,
+    GpuShare,
+    NodeGpu,
+    NodeInventory,
+    PodAssignment,
+)
 from devplugin.inspect.cli import main
 from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.scheduler_objects import CORE, COUNT, MEM, node
@@ -144,3 +153,19 @@ def test_use_unknown_says_why_and_shows_dashes(cluster: FakeApiserver, capsys: p
     doc = json.loads(run(capsys, cluster, "-o", "json", "gpu-a"))
     assert "no running node daemon pod" in doc["nodes"][0]["useError"]
     assert doc["nodes"][0]["gpus"][0]["memUsedMiB"] is None
+
+
+def test_each_gpu_shows_its_nvlink_island_when_the_node_publishes_one(capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = NodeInventory("core_mem", "binpack", 1024, tuple(
+        NodeGpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 80, 80 * 1024, healthy=i != 3,
+                nvlink_island=i // 2 if i < 3 else None, numa_node=0) for i in range(4)))
+    with FakeApiserver() as api:
+        api.add_node("islands", annotations={ANN_NODE_GPUS: inventory.render()},
+                     labels={"gpushare": "true", "ack.node.gpu.schedule": "core_mem"})
+        out = run(capsys, api, "--no-use")
+        assert [line.split()[0::4] for line in out.splitlines()[2:6]] == [["0", "nvlink"], ["1", "nvlink"],
+                                                                          ["2", "nvlink"], ["3", "unhealthy"]]
+        assert [line.split()[-2:] for line in out.splitlines()[2:5]] == [["nvlink", "0"], ["nvlink", "0"],
+                                                                         ["nvlink", "1"]]
+        gpus = json.loads(run(capsys, api, "--no-use", "-o", "json"))["nodes"][0]["gpus"]
+        assert [(g["nvlink"], g["numa"]) for g in gpus] == [(0, 0), (0, 0), (1, 0), (None, 0)]

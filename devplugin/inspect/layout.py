@@ -45,7 +45,8 @@ def _used(mib: float | None, unit_mib: int) -> str:
 
 def _gpu_row(g: GpuReport, unit_mib: int, use: bool) -> list[str]:
     core = "whole" if g.whole else f"{g.coreAllocated}/{g.coreTotal}"
-    note = "" if g.healthy else "unhealthy"
+    note = " ".join(([] if g.nvlink is None or g.parent else [f"nvlink {g.nvlink}"])
+                    + ([] if g.healthy else ["unhealthy"]))
     name = f"  {g.index} {g.migProfile}" if g.parent else str(g.index)  # a MIG device, under its GPU's row
     if not use:
         return [name, f"{g.memAllocated}/{g.memTotal}", core, str(len(g.pods)), note]

@@ -59,6 +59,8 @@ class GpuReport:
     parent: str = ""
     parentIndex: int | None = None
     migProfile: str = ""
+    nvlink: int | None = None  # its NVLink island (GPUs with the same one are joined by NVLink); None: none known
+    numa: int | None = None
 
 
 @dataclass
@@ -147,7 +149,9 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
                           r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole,
                           parent=inv[r.index].parent_uuid if r.index in inv else "",
                           parentIndex=inv[r.index].parent_index if r.index in inv else None,
-                          migProfile=inv[r.index].mig_profile if r.index in inv else "") for r in rooms]
+                          migProfile=inv[r.index].mig_profile if r.index in inv else "",
+                          nvlink=inv[r.index].nvlink_island if r.index in inv else None,
+                          numa=inv[r.index].numa_node if r.index in inv else None) for r in rooms]
         by_index = {g.index: g for g in gpus}
         for pod, held, state in sorted(on_node, key=lambda t: t[0].key):
             for container, shares in sorted(held.items()):
