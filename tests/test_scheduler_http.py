@@ -262,3 +262,16 @@ def test_preempt_answers_meta_victims(http: TestClient, state: ClusterState) -> 
     assert r.json() == {"NodeNameToMetaVictims": {"n2": {"Pods": [{"UID": victim.uid}], "NumPDBViolations": 1}}}
     bad = http.post("/scheduler/preempt", json={"Pod": pod(), "NodeNameToMetaVictims": {"n1": {"Pods": [{}]}}})
     assert bad.status_code == 400 and "UID" in bad.json()["error"]
+
+
+def test_a_pod_naming_two_containers_alike_is_unresolvable_not_an_internal_error(http: TestClient) -> None:
+    """The apiserver refuses such a pod; a filter call carrying one gets every node's reason, not a 500."""
+    limits = {"resources": {"limits": {"aliyun.com/gpu-mem": "1"}}}
+    twice = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+             "spec": {"initContainers": [{"name": "a", **limits}], "containers": [{"name": "a", **limits}]}}
+    r = http.post("/scheduler/filter", json={"Pod": twice, "NodeNames": ["n1", "n2"]})
+    assert r.status_code == 200, r.text
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == {"n1", "n2"} and "container name 'a' is used twice" in reasons["n1"]
+    denied = http.post("/admission/validate", json=review(twice)).json()["response"]
+    assert denied["allowed"] is False and "used twice" in denied["status"]["message"], denied

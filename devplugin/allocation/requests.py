@@ -157,6 +157,12 @@ def pod_request(pod: Mapping, domain: str = DEFAULT_RESOURCE_DOMAIN) -> PodReque
         containers.append(_container(spec_c, len(containers), -1, True, domain))
     for i, spec_c in enumerate(spec.get("containers") or []):
         containers.append(_container(spec_c, len(containers), i, False, domain))
+    seen: set[str] = set()
+    for c in containers:  # the apiserver refuses such a pod; a request built by hand may still carry one
+        if c.name in seen:
+            raise PodRequestError(f"container name {c.name!r} is used twice (containers and initContainers "
+                                  "share one namespace of names); give each container its own name")
+        seen.add(c.name)
     labels = dict(meta.get("labels") or {})
     annotations = dict(meta.get("annotations") or {})
     return PodRequest(
