@@ -4,6 +4,14 @@ Health has two sources. A GPU that raised a critical XID is Unhealthy in every r
 separate books per resource, so the board keeps them honest about whole GPUs: while a GPU is held whole (gpu-count)
 its gpu-mem and gpu-core.percentage units are reported Unhealthy (node allocatable drops, the scheduler stops
 counting them); while a GPU holds slices its gpu-count device is reported Unhealthy. Both come back when freed.
+
+Such a change is sent while the kubelet's Allocate for the container that caused it is in flight, and is sent once
+more RESEND_S later. The kubelet writes its device checkpoint after every device list it receives and after every
+allocation, each from a snapshot taken under its lock but written to disk after releasing it
+(devicemanager.writeCheckpoint): the write of the list's snapshot, taken before the allocation was recorded, can
+land after the allocation's own, and the checkpoint on disk then lacks the container until the next write. A
+kubelet restarted in that window forgets the container's devices and may give them again. The second sending makes
+that next write come at once, from a snapshot that holds the allocation.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 WHOLE = "whole"
 SHARED = "shared"
+RESEND_S = 1.0  # an occupancy change is sent again this long after (the kubelet's checkpoint, above)
 
 
 class DeviceBoard:
@@ -28,8 +37,11 @@ class DeviceBoard:
     resource's message changes (a GPU going from free to shared changes only gpu-count's: the gpu-mem and
     gpu-core.percentage streams, with their thousands of devices, are not rebuilt nor re-sent)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, resend_s: float = RESEND_S) -> None:
         self._node = node
+        self._resend_s = resend_s
+        self._resend: set[Kind] = set()  # kinds to send again once the timer fires
+        self._timer: threading.Timer | None = None
         self._cond = threading.Condition()
         self._versions: dict[Kind, int] = {kind: 0 for kind in node.kinds}
         self._closed = False
@@ -102,7 +114,29 @@ class DeviceBoard:
                      if any(self._health(k, u, occupancy) != self._health(k, u, self._occupancy) for u in touched)]
             self._occupancy = dict(occupancy)
             self._changed(kinds)
+            self._send_again_later(kinds)
         return True
+
+    def _send_again_later(self, kinds: list[Kind]) -> None:
+        """Bump these kinds' versions once more after resend_s, coalescing changes meanwhile (under the lock)."""
+        if not kinds or self._closed:
+            return
+        self._resend.update(kinds)
+        if self._timer is None:
+            self._timer = threading.Timer(self._resend_s, self._send_again)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _send_again(self) -> None:
+        with self._cond:
+            self._timer = None
+            kinds = [k for k in self._node.kinds if k in self._resend]
+            self._resend.clear()
+            if self._closed:
+                return
+            for kind in kinds:  # the same message again: the kubelet rewrites its checkpoint on receiving it
+                self._versions[kind] += 1
+            self._cond.notify_all()
 
     def snapshot(self, kind: Kind) -> tuple[int, api_pb2.ListAndWatchResponse]:
         with self._cond:
@@ -127,4 +161,7 @@ class DeviceBoard:
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._cond.notify_all()
