@@ -205,3 +205,16 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
         close_link(link)
         kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def the_one_event(sup, api, reason: str, timeout: float = 10) -> dict:  # type: ignore[no-untyped-def]
+    """The single Event of `reason` the daemon `sup` wrote to the fake apiserver `api`, waiting for it (its writer
+    flushed each look); fails when none comes within `timeout` or more than one did."""
+
+    def written() -> list[dict]:
+        sup.link.writer.flush(2)
+        return [e for e in api.events if e.get("reason") == reason]
+
+    assert _until(lambda: bool(written()), timeout), f"no {reason} Event within {timeout} s"
+    [ev] = written()
+    return ev

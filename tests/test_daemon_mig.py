@@ -19,7 +19,7 @@ from devplugin_sim.fake_driver import FakeDriver, FakeGPU, load_in_process
 from devplugin_sim.kubelet import KubeletEmulator
 from devplugin_sim.mig_layouts import a100, mig_node
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, _until, config, pod_spec, running, short_dir
+from tests.daemon_harness import CORE, COUNT, MEM, _until, config, pod_spec, running, short_dir, the_one_event
 
 # mig_node(): two whole A100 80GB (80 GiB units each) and one split into 3g.40gb (39), 2g.20gb (19), 1g.10gb (9).
 ADVERTISED = {MEM: 80 + 80 + 39 + 19 + 9, CORE: 500, COUNT: 5}
@@ -142,12 +142,7 @@ def test_mig_devices_change_under_a_held_share_the_holding_is_kept_and_nothing_n
         # The operator destroys GPU 1's instances and makes one 7g.80gb while the pod runs.
         driver.rewrite([gpus[0], a100("mig", 1, mig=True, profiles=("7g.80gb",)), gpus[2]])
 
-        def warned() -> list[dict]:
-            sup.link.writer.flush(2)
-            return [e for e in api.events if e.get("reason") == "GPUMigLayoutChanged"]
-
-        assert _until(lambda: bool(warned()), 10)
-        [ev] = warned()
+        ev = the_one_event(sup, api, "GPUMigLayoutChanged")
         assert ev["type"] == "Warning" and ev["involvedObject"]["kind"] == "Node"
         assert gpus[1].uuid in ev["message"] and "drain" in ev["message"]
         # GPU 1's old MIG devices are Unhealthy: allocatable drops by 39 + 19 + 9, capacity is kept, so is the pod

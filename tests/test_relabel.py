@@ -15,7 +15,7 @@ from devplugin.gpu.inventory import enumerate_gpus
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, load_in_process, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
-from tests.daemon_harness import CORE, MEM, _until, config, pod_spec, short_dir
+from tests.daemon_harness import CORE, MEM, _until, config, pod_spec, short_dir, the_one_event
 
 
 @contextmanager
@@ -58,12 +58,7 @@ def test_relabel_waits_for_running_pods_then_applies() -> None:
         kubelet.admit(pod_spec(pod))
         api.patch_node("gpu-node", {"metadata": {"labels": {"ack.node.gpu.schedule": "cgpu"}}})
 
-        def warned() -> list[dict]:
-            sup.link.writer.flush(2)
-            return [e for e in api.events if e.get("reason") == "GPUModeChange"]
-
-        assert _until(lambda: bool(warned()), 10)
-        [ev] = warned()
+        ev = the_one_event(sup, api, "GPUModeChange")
         assert ev["type"] == "Warning" and ev["involvedObject"]["kind"] == "Node"
         assert "cgpu" in ev["message"] and "once the 1 container(s) holding GPU units end" in ev["message"]
         assert sup.settings.mode == "core_mem"  # not applied while the pod runs
