@@ -111,15 +111,18 @@ def daemon() -> Iterator[Daemon]:
 def test_half_sent_requests_from_a_pod_hold_no_thread_and_the_probes_are_answered() -> None:
     with daemon() as d:
         threads = proc_status(d.proc.pid, "Threads")
+        # The deadline of every connection runs from its own connect, which is after this moment: the ones the
+        # daemon admits (the first few; the rest from this address are closed at once) are closed no earlier than
+        # the deadline after it, however long opening the others and probing took on a loaded machine.
+        opened = time.monotonic()
         held = half_sent("127.0.0.2", d.port, 300)
         try:
             time.sleep(0.5)
             assert proc_status(d.proc.pid, "Threads") <= threads + 2, "a half-sent request holds a thread"
             assert (probe(d.port, "/healthz"), probe(d.port, "/readyz")) == (200, 200)
-            start = time.monotonic()
             assert _until(lambda: all(closed_by_peer(s) for s in held), REQUEST_DEADLINE_S + SLACK_S), \
                 "the daemon keeps half-sent requests open past their deadline"
-            assert time.monotonic() - start >= REQUEST_DEADLINE_S - 1.0, "closed before the deadline"
+            assert time.monotonic() - opened >= REQUEST_DEADLINE_S - 0.5, "closed before the deadline"
         finally:
             for s in held:
                 s.close()
