@@ -104,7 +104,11 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
     state.expire()
     ask = ask_of(pod)
     one = single_share(ask) if not ask.problem else None
-    if one is not None:  # the common case: answered from each node's index
+    if one is not None and selection.empty and not nodes:  # the common case: the ask's kept answers
+        out.passed, out.failed, out.unresolvable = state.share_filter(one.mem, one.core, names or [], pod.uid)
+        state.filtered(pod.uid, out.passed)
+        return out
+    if one is not None:  # answered from each node's index
         listed, indexes = _indexes(state, pod, names, nodes)
         if not selection.empty:  # nodes it narrows are answered here, the others from their index
             listed, indexes = _narrowed_filter(ask, listed, indexes, selection, out)
@@ -130,10 +134,26 @@ def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | Non
 def prioritize_json(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
                     nodes: Sequence[Mapping] | None = None) -> str:
     """prioritize's answer as kube-scheduler reads it: [{"Host": node, "Score": score}, ...]."""
+    one = _plain_share(state, pod_obj) if not nodes else None
+    if one is not None:  # the common case: the ask's kept answers
+        return state.share_scores_json(one[0], one[1], names or [], one[2])
     listed, indexes, values = _scores(state, pod_obj, names, nodes)
     if indexes is None:
         return json.dumps([{"Host": h, "Score": s} for h, s in zip(listed, values, strict=True)])
     return one_share.scores_json(listed, indexes, values)
+
+
+def _plain_share(state: ClusterState, pod_obj: Mapping) -> tuple[int, int, str] | None:
+    """(mem, core, uid) of a pod asking one share on one GPU with no GPU selection; None for any other pod."""
+    try:
+        pod = pod_request(pod_obj, state.domain)
+        if not pod.gpu_containers or not read_selection(pod.annotations).empty:
+            return None
+    except (PodRequestError, SelectionError):
+        return None
+    ask = ask_of(pod)
+    one = single_share(ask) if not ask.problem else None
+    return (one.mem, one.core, pod.uid) if one is not None else None
 
 
 def _scores(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None, nodes: Sequence[Mapping] | None

@@ -77,6 +77,47 @@ def _refusal(ix: ShareIndex, i: int, mem: int, core: int, memo: dict[tuple, str]
     return text
 
 
+PASS, FAIL, UNRESOLVABLE = 0, 1, 2  # what a node answers filter for a share
+
+
+def node_answer(ix: ShareIndex, mem: int, core: int, need_core_mode: int, memo: dict[tuple, str]
+                ) -> tuple[int, str]:
+    """(PASS, FAIL or UNRESOLVABLE, why) for one node; `need_core_mode` is core_needed(CORE_MODE, mem, core)."""
+    if ix.problem:
+        return UNRESOLVABLE, ix.problem
+    if ix.core_mode:
+        need = need_core_mode
+    elif core:
+        return UNRESOLVABLE, ix.mode_refusal
+    else:
+        need = 0
+    mems = ix.mems
+    i = bisect_left(mems, mem)
+    if i < len(mems) and ix.cores[i] >= need:
+        return PASS, ""
+    return FAIL, _refusal(ix, i, mem, core, memo)
+
+
+def node_score(ix: ShareIndex, mem: int, core: int, need_core_mode: int) -> int:
+    """prioritize's 0..10 for one node, 0 where the share does not fit (score's arithmetic)."""
+    if not ix.total or ix.problem:
+        return 0
+    if ix.core_mode:
+        need = need_core_mode
+    elif core:
+        return 0
+    else:
+        need = 0
+    mems = ix.mems
+    i = bisect_left(mems, mem)
+    if i < len(mems) and ix.cores[i] >= need:
+        frac = (ix.used + mem) / ix.total
+        if frac > 1.0:
+            frac = 1.0
+        return int(10 * (1.0 - frac if ix.spread else frac) + 0.5)
+    return 0
+
+
 def filter_nodes(names: Sequence[str], indexes: Sequence[ShareIndex | None], mem: int, core: int,
                  passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]) -> None:
     """filter for a pod whose one GPU container asks for `mem` and `core` on one GPU: each name goes to passed,
@@ -87,50 +128,29 @@ def filter_nodes(names: Sequence[str], indexes: Sequence[ShareIndex | None], mem
         if ix is None:
             failed[name] = NOT_SEEN
             continue
-        if ix.problem:
-            unresolvable[name] = ix.problem
-            continue
-        if ix.core_mode:
-            need = need_core_mode
-        elif core:
-            unresolvable[name] = ix.mode_refusal
-            continue
-        else:
-            need = 0
-        mems = ix.mems
-        i = bisect_left(mems, mem)
-        if i < len(mems) and ix.cores[i] >= need:
+        kind, why = node_answer(ix, mem, core, need_core_mode, memo)
+        if kind == PASS:
             passed.append(name)
+        elif kind == FAIL:
+            failed[name] = why
         else:
-            failed[name] = _refusal(ix, i, mem, core, memo)
+            unresolvable[name] = why
 
 
 def scores(indexes: Sequence[ShareIndex | None], mem: int, core: int) -> list[int]:
     """prioritize for the same pod: 0..10 per node, 0 where it does not fit (score's arithmetic)."""
     need_core_mode = core_needed(CORE_MODE, mem, core)
-    out: list[int] = []
-    append = out.append
-    for ix in indexes:
-        if ix is None or not ix.total or ix.problem:
-            append(0)
-            continue
-        if ix.core_mode:
-            need = need_core_mode
-        elif core:
-            append(0)
-            continue
-        else:
-            need = 0
-        mems = ix.mems
-        i = bisect_left(mems, mem)
-        if i < len(mems) and ix.cores[i] >= need:
-            frac = (ix.used + mem) / ix.total
-            if frac > 1.0:
-                frac = 1.0
-            append(int(10 * (1.0 - frac if ix.spread else frac) + 0.5))
-        else:
-            append(0)
-    return out
+    return [node_score(ix, mem, core, need_core_mode) if ix is not None else 0 for ix in indexes]
+
+
+def score_entry(ix: ShareIndex, value: int) -> str:
+    """One node's entry of prioritize's answer."""
+    return ix.host + _SCORE_TAILS[value]
+
+
+def unseen_entry(name: str) -> str:
+    """The entry of a node the extender does not know (score 0)."""
+    return host_prefix(name) + _SCORE_TAILS[0]
 
 
 def scores_json(names: Sequence[str], indexes: Sequence[ShareIndex | None], values: Sequence[int]) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
@@ -39,6 +39,7 @@ from devplugin.contract import (
     parse_usage,
 )
 from devplugin.kube.labels import mode_from_labels
+from devplugin.scheduler.ask_answers import MAX_ASKS, AskAnswers
 from devplugin.scheduler.fit import NodeView
 from devplugin.scheduler.gpu_catalog import GpuCatalog
 from devplugin.scheduler.one_share import ShareIndex, index_of
@@ -48,6 +49,7 @@ from devplugin.scheduler.room import GpuRoom, node_room
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUME_TTL_S = 60.0
+MIN_CHANGES_KEPT = 4096  # node changes kept for the asks' answers at least (twice the nodes in a larger cluster)
 
 Recorded = tuple[int, frozenset[str]]  # the time of the node daemon's record of a pod, and the containers it names
 NO_RECORD: Recorded = (0, frozenset())
@@ -247,6 +249,9 @@ class ClusterState:
         self._node_locks: dict[str, threading.Lock] = {}
         self._largest = 0
         self._filtered: dict[str, tuple[float, Collection[str]]] = {}  # pod uid -> (when, nodes its filter passed)
+        self._changes: list[str] = []  # nodes whose entry or pods changed, in order (ask_answers.py)
+        self._changes_base = 0  # the count of changes before the first of _changes
+        self._asks: dict[tuple[int, int], AskAnswers] = {}  # the last asks answered, least recent first
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
 
@@ -261,6 +266,7 @@ class ClusterState:
                 entry.held = old.held
             self._nodes[entry.name] = entry
             self._largest = 0
+            self._changed(entry.name)
 
     def delete_node(self, name: str) -> None:
         with self._lock:
@@ -268,6 +274,7 @@ class ClusterState:
             if entry is not None:
                 for uid in entry.held:
                     self._held.pop(uid, None)
+                self._changed(name)
             self._largest = 0
 
     def replace_nodes(self, items: Iterable[Mapping]) -> None:
@@ -317,6 +324,18 @@ class ClusterState:
         with self._lock:
             get = self._nodes.get
             return [node for node in victims if (e := get(node)) is not None and keep(e.index(), e)]
+
+    def share_filter(self, mem: int, core: int, names: Sequence[str], uid: str
+                     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """filter's (passed, failed, unresolvable) over `names` for pod `uid` asking one share of `mem` and `core`,
+        from the ask's kept answers (ask_answers.py); on the node where the pod is held, its index leaves it out."""
+        with self._lock:
+            return self._answers(mem, core).filter(names, self._nodes, self._own(uid))
+
+    def share_scores_json(self, mem: int, core: int, names: Sequence[str], uid: str) -> str:
+        """prioritize's answer over `names` for the same pod, as share_filter."""
+        with self._lock:
+            return self._answers(mem, core).scores_json(names, self._own(uid))
 
     def largest_gpu_units(self) -> int:
         """The largest healthy GPU in the cluster, in gpu-mem units (0 when no node publishes an inventory)."""
@@ -456,6 +475,40 @@ class ClusterState:
         return gone
 
     # ------------------------------------------------------------------ internals (lock held)
+    def _changed(self, node: str) -> None:
+        """The node's entry or a pod on it changed: the kept answers of every ask take it again when next used.
+        The list is emptied once it outgrows twice the nodes; an ask whose last call is older is built afresh."""
+        self._changes.append(node)
+        if len(self._changes) > max(MIN_CHANGES_KEPT, 2 * len(self._nodes)):
+            self._changes_base += len(self._changes)
+            self._changes = []
+
+    def _answers(self, mem: int, core: int) -> AskAnswers:
+        """The ask's kept answers, brought up to date with the changes since its last call."""
+        key = (mem, core)
+        answers = self._asks.pop(key, None)
+        end = self._changes_base + len(self._changes)
+        if answers is None or answers.seen < self._changes_base:
+            answers = AskAnswers(mem, core)
+            for name, entry in self._nodes.items():
+                answers.update(name, entry.cached_index or entry.index())
+        elif answers.seen < end:
+            nodes = self._nodes
+            for name in set(self._changes[answers.seen - self._changes_base:]):
+                changed = nodes.get(name)
+                answers.update(name, (changed.cached_index or changed.index()) if changed is not None else None)
+        answers.seen = end
+        self._asks[key] = answers
+        if len(self._asks) > MAX_ASKS:
+            del self._asks[next(iter(self._asks))]
+        return answers
+
+    def _own(self, uid: str) -> tuple[str, ShareIndex] | None:
+        """The node where pod `uid` is held and its index without the pod, or None."""
+        held = self._held.get(uid)
+        entry = self._nodes.get(held.node) if held is not None else None
+        return (entry.name, index_of(entry.view(uid))) if entry is not None else None
+
     def _keep(self, held: Held) -> None:
         self._drop(held.uid)
         self._held[held.uid] = held
@@ -466,11 +519,13 @@ class ClusterState:
             entry = self._nodes[held.node] = NodeEntry(held.node, problem="node not seen yet")
         entry.held[held.uid] = held
         entry.stale()
+        self._changed(held.node)
 
     def _touch(self, held: Held) -> None:
         entry = self._nodes.get(held.node)
         if entry is not None:
             entry.stale()
+            self._changed(held.node)
 
     def _drop(self, uid: str) -> None:
         self._assumed.pop(uid, None)
@@ -481,3 +536,4 @@ class ClusterState:
         if entry is not None:
             entry.held.pop(uid, None)
             entry.stale()
+            self._changed(held.node)
