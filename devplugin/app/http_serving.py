@@ -121,15 +121,19 @@ def _client(transport: asyncio.BaseTransport) -> str:
     return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 
 
-def bounded_protocol(base: type, gate: ConnectionGate) -> type:
+def bounded_protocol(base: type, gate: ConnectionGate, idle_kept_alive: bool = False) -> type:
     """A subclass of uvicorn's h11 protocol class that admits connections through `gate` and closes one that has
-    not sent a whole request within the gate's request_timeout_s."""
+    not sent a whole request within the gate's request_timeout_s: from the moment it opened, and for the next
+    requests from the moment the previous answer was sent or, with `idle_kept_alive`, from the first byte of the
+    next request (an idle kept-alive connection is then closed by uvicorn's keep-alive timer alone: callers that
+    reuse idle connections for longer than request_timeout_s must not race a close, see the scheduler service)."""
     timeout = gate.bounds.request_timeout_s
 
     class Bounded(base):
         client_address = ""
         _admitted = False
         _deadline: asyncio.TimerHandle | None = None
+        _between = False  # idle_kept_alive: answered, the next request's first byte not here yet
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             self.client_address = _client(transport)
@@ -152,7 +156,19 @@ def bounded_protocol(base: type, gate: ConnectionGate) -> type:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             gate.renewed(self)
-            self._arm()  # the next request on a kept-alive connection has its own deadline
+            if not idle_kept_alive:
+                self._arm()  # the next request on a kept-alive connection has its own deadline
+                return
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            self._between = True
+
+        def data_received(self, data: bytes) -> None:
+            if self._between:  # the next request begins: its deadline runs from here
+                self._between = False
+                self._arm()
+            super().data_received(data)
 
         def waiting(self) -> bool:
             # IDLE: no whole request head yet (or idle between requests); SEND_BODY: its body is not all there.

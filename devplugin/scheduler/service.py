@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from devplugin.app import logs
+from devplugin.app.http_serving import Bounds, ConnectionGate, bounded_protocol
 from devplugin.scheduler.review_gate import DEFAULT_MAX_WAIT_S, DEFAULT_SLOTS
 from devplugin.scheduler.review_limits import DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_ENV, DEFAULT_MAX_TOKENS
 from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
@@ -150,6 +151,17 @@ SWITCH_INTERVAL_S = 0.001
 # refuses the pod. uvicorn's default is 5 s; longer than the callers' 90 s, they always close first.
 KEEP_ALIVE_S = 100
 
+# What the service's listener holds at most (devplugin/app/http_serving.py). The service is reachable on the
+# cluster's network; its callers are the apiserver (a connection per concurrent review) and kube-scheduler, a few
+# addresses (the control-plane nodes) with up to hundreds of connections each in a burst of pods. Without bounds a
+# connection that sends half a request, or nothing, was held for good: enough of them from a tenant's pods (where
+# the shipped NetworkPolicy is not enforced) would exhaust the process's file descriptors, and the fail-closed
+# webhooks would refuse every GPU pod of the cluster. A whole request must arrive within 10 s of its first byte
+# (or of the connection's opening); an idle kept-alive connection is kept KEEP_ALIVE_S; past the caps a new
+# connection closes the oldest one waiting for a request (idle or half-sent), or is closed at once.
+SERVICE_BOUNDS = Bounds(max_connections=1024, max_per_client=256, request_timeout_s=10.0, keep_alive_s=KEEP_ALIVE_S,
+                        max_head_bytes=16384)
+
 
 # Python collects its oldest generation on its own once enough objects have survived two younger collections.
 # That pass walks every object not frozen (the nodes' and pods' objects changed since the last freeze, thousands
@@ -193,11 +205,11 @@ def freeze_long_lived(state: ClusterState, frozen_at: float, now: float | None =
 
 def server_config(app: Any, host: str, port: int, cert_file: str = "", key_file: str = "", client_ca_file: str = "",
                   allowed_clients: Sequence[str] = (DEFAULT_ALLOWED_CLIENTS,),
-                  webhook_clients: Sequence[str] = ()) -> Any:
+                  webhook_clients: Sequence[str] = (), bounds: Bounds = SERVICE_BOUNDS) -> Any:
     """A loaded uvicorn.Config serving `app`: over TLS when cert_file is given, asking every client for a certificate
     signed by client_ca_file, with the extender's verbs open only to `allowed_clients` and the webhooks to
-    `webhook_clients` when it names any (devplugin.scheduler.auth). Without cert_file: plain HTTP, no caller check
-    (local trials)."""
+    `webhook_clients` when it names any (devplugin.scheduler.auth), and connections held within `bounds`. Without
+    cert_file: plain HTTP, no caller check (local trials)."""
     import ssl
 
     import uvicorn
@@ -212,10 +224,14 @@ def server_config(app: Any, host: str, port: int, cert_file: str = "", key_file:
         app = ExtenderAuth(app, peers, [n.strip() for n in allowed_clients if n.strip()],
                            [n.strip() for n in webhook_clients if n.strip()])
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
-                            timeout_keep_alive=KEEP_ALIVE_S, **tls)
+                            http="h11", timeout_keep_alive=bounds.keep_alive_s,
+                            h11_max_incomplete_event_size=bounds.max_head_bytes, **tls)
     config.load()
     if cert_file:
         config.http_protocol_class = noting_peers(config.http_protocol_class, peers)
+    # outermost: a connection refused by the gate is never noted nor served
+    config.http_protocol_class = bounded_protocol(config.http_protocol_class, ConnectionGate(bounds, "scheduler"),
+                                                  idle_kept_alive=True)
     return config
 
 
