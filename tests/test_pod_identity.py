@@ -225,3 +225,29 @@ def test_a_decision_not_written_before_a_crash_is_written_after_restart(api: Fak
         assert r.registered_all()
         rec = allocated(r, "crash", timeout=10)
         assert rec["containers"]["main"][0]["mem"] == 2 and rec["containers"]["main"][0]["core"] == 10
+
+
+def test_a_container_a_restarted_kubelet_forgot_is_placed_again_as_itself(r: Running) -> None:
+    """A kubelet that stops after a container's Allocate but before writing its checkpoint forgets the allocation
+    and, restarted, admits the pod again. The container asks again though the daemon recorded it: it is the same
+    container, placed where its pod says and named, not an unknown one placed by node-local pairing (which put it
+    on another GPU than its record, or refused the next container of the pair it broke)."""
+    gpu2 = r.nd.node.gpus[2]
+    choice = c.PodAssignment(node="gpu-node", time_ns=time.time_ns(), containers={
+        "main": (c.GpuShare(index=2, uuid=gpu2.uuid, mem=4, core=20),)}).render()
+    pod = r.pod("forgotten", mem=4, core=20, annotations={c.ANN_SCHEDULED: choice})
+    assert admit(r, pod).containers[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpu2.uuid
+    before = allocated(r, "forgotten")["containers"]["main"][0]
+    r.kubelet.remove_pod(pod["metadata"]["uid"])  # the allocation never reached the checkpoint
+    r.kubelet.restart()
+    assert r.registered_all()
+    got = r.admit(pod).containers[0]  # the restarted kubelet admits the pod again
+    assert got.envs["NVIDIA_VISIBLE_DEVICES"] == gpu2.uuid
+    assert got.conflicts == []
+    named = [h.key for h in r.nd.allocator.holdings.holders()]
+    assert None not in named, "the container was placed without its identity"
+    assert [(k.pod, k.container) for k in named] == [("forgotten", "main")]
+    after = allocated(r, "forgotten")["containers"]["main"][0]
+    assert (after["uuid"], after["mem"], after["core"]) == (before["uuid"], before["mem"], before["core"])
+    uuid = gpu2.uuid
+    assert r.nd.allocator.holdings.used(Kind.MEM, uuid) == 4  # counted once

@@ -37,14 +37,17 @@ def inject(cluster: Cluster) -> object:
     return fault
 
 
-# The kubelet's refusals of a pod it admits while the node daemon restarts: the plugin not registered yet, or
-# SIGKILLed during the kubelet's call to it
-REFUSED_AT_RESTART = ("no healthy devices present", "rpc error: code = Unavailable desc = error reading from server")
+# The kubelet's refusals of a pod it admits while the node daemon restarts: the plugin not registered yet,
+# SIGKILLed during the kubelet's call to it, or registered again during that call (the kubelet closes the old
+# endpoint's connection, and the call on it ends Canceled)
+REFUSED_AT_RESTART = ("no healthy devices present", "rpc error: code = Unavailable desc = error reading from server",
+                      "rpc error: code = Canceled desc = grpc: the client connection is closing")
 KNOWN_REFUSAL = (
     "issue 14, found by this harness (not among its listed defects): pods the extender binds to a node while its "
     "node daemon (or node agent) restarts are refused by the kubelet ('no healthy devices present; cannot "
     "allocate unhealthy devices', or 'Unavailable ... error reading from server: EOF' when the daemon dies during "
-    "the kubelet's call): the kubelet's device manager rejects, for good, a pod it admits while the plugin is not "
+    "the kubelet's call, or 'Canceled ... the client connection is closing' when it registers again during it): "
+    "the kubelet's device manager rejects, for good, a pod it admits while the plugin is not "
     "registered or gone (kubernetes/kubernetes#109595, #119248: a hard reject by design, no retry), and a "
     "SIGKILLed daemon cannot tell the extender first. Not strict: it needs a bind inside the restart")
 

@@ -268,11 +268,12 @@ class Allocator(PairingFallback, ViewSync):
                     taken: set[tuple[str, str]]) -> list[tuple[PodRequest, ContainerRequest]]:
         if pods is None:
             return []
-        found = candidates(pods, kind.value, amount, taken)
+        readmits = time.monotonic() < self._readmits_until  # a restarted kubelet may admit a container again
+        found = candidates(pods, kind.value, amount, taken, readmits)
         if len(found) > 1 and self.resync is not None and self.resync():
             # several ask alike: the containers the kubelet lists holding devices are not pending, and those
             # placed on a guess are named now
-            found = candidates(pods, kind.value, amount, self._taken())
+            found = candidates(pods, kind.value, amount, self._taken(), readmits)
         return found
 
     def _identify(self, dec: Decision) -> Decision | None:

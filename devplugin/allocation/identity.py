@@ -38,10 +38,12 @@ def own_record(pod: PodRequest) -> c.PodAssignment | None:
     return record if record.uid and record.uid == pod.uid else None
 
 
-def candidates(pods: Iterable[PodRequest], resource: str, amount: int,
-               taken: Set[tuple[str, str]]) -> list[tuple[PodRequest, ContainerRequest]]:
+def candidates(pods: Iterable[PodRequest], resource: str, amount: int, taken: Set[tuple[str, str]],
+               readmits: bool = False) -> list[tuple[PodRequest, ContainerRequest]]:
     """Every (pod, container) this call may be for, the kubelet's likeliest first. `resource` is the short name
-    (gpu-mem, ...); `taken` holds (pod UID, container name) of containers already placed or refused."""
+    (gpu-mem, ...); `taken` holds (pod UID, container name) of containers already placed or refused. `readmits`:
+    the kubelet restarted a moment ago and may admit again a container it forgot, so a container recorded on its
+    pod but not in `taken` (its devices released) is a candidate too."""
     found: list[tuple[tuple, PodRequest, ContainerRequest]] = []
     for pod in pods:
         if pod.finished:
@@ -51,7 +53,7 @@ def candidates(pods: Iterable[PodRequest], resource: str, amount: int,
             if container.amount(resource) != amount or (pod.uid, container.name) in taken:
                 continue
             if recorded is None:
-                recorded = recorded_containers(pod)
+                recorded = set() if readmits else recorded_containers(pod)
             if container.name in recorded:
                 continue
             found.append(((pod.seen, pod.created, pod.uid, container.position), pod, container))

@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 # while its device manager still holds their devices (its checkpoint): absence from PodResources means nothing
 # for this long.
 KUBELET_RESTART_GRACE_S = 10.0
+# A kubelet that stopped after a container's Allocate but before writing its checkpoint forgets that allocation
+# and, once restarted, admits the pod again: the same container asks again, though the daemon recorded it on its
+# pod. For this long after a restart, a recorded container whose devices the kubelet offers again is taken as
+# being admitted again (Allocator._find), not as done.
+READMIT_WINDOW_S = 120.0
 
 
 class ViewSync:
@@ -37,11 +42,14 @@ class ViewSync:
     recent: RecentShares
 
     _absence_ignored_until: float = 0.0
+    _readmits_until: float = 0.0  # READMIT_WINDOW_S after the kubelet's last restart
     _seeded = False  # the first reconcile (at start) has seeded the recent request sizes
 
     def kubelet_restarted(self) -> None:
         """The kubelet restarted: for a while, containers PodResources does not list are not taken as ended."""
-        self._absence_ignored_until = time.monotonic() + KUBELET_RESTART_GRACE_S
+        now = time.monotonic()
+        self._absence_ignored_until = now + KUBELET_RESTART_GRACE_S
+        self._readmits_until = now + READMIT_WINDOW_S
         log.info("the kubelet restarted: for %.0f s, containers its PodResources does not list are kept",
                  KUBELET_RESTART_GRACE_S)
 
