@@ -106,6 +106,7 @@ class Allocator(PairingFallback, ViewSync):
         self._latest: Decision | None = None  # the known container being admitted now
         self._refused: dict[tuple[str, str], float] = {}
         self._plans: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID -> later app container -> its GPUs
+        self._forgotten: set[tuple[str, str]] = set()  # see ViewSync.kubelet_restarted
         self._lock = threading.RLock()  # resync() re-enters through reconcile()
 
     # ================================================================== GetPreferredAllocation
@@ -158,6 +159,10 @@ class Allocator(PairingFallback, ViewSync):
     # ================================================================== the node view
     def _observe(self, kind: Kind, avail: Mapping[str, set[str]], must_include: Sequence[str]) -> None:
         freed = self.holdings.observe_available(kind, avail, must_include)
+        if freed and time.monotonic() < self._readmits_until:
+            # the restarted kubelet offers a known container's devices again: it forgot that allocation and may
+            # admit the container again (view_sync.READMIT_WINDOW_S)
+            self._forgotten.update((h.key.pod_uid, h.key.container) for h in freed if h.key is not None)
         if freed:
             log.info("%d container(s) released their devices (the kubelet offers them again)", len(freed),
                      extra={"fields": {"resource": self.node.resource_name(kind),
@@ -192,6 +197,13 @@ class Allocator(PairingFallback, ViewSync):
                 self.reporter.occupancy_changed(self.holdings)
 
     # ================================================================== which container
+    def _forgotten_by_kubelet(self) -> set[tuple[str, str]]:
+        """Containers recorded on their pod whose devices the restarted kubelet offered again (empty once
+        READMIT_WINDOW_S has passed since its restart)."""
+        if self._forgotten and time.monotonic() >= self._readmits_until:
+            self._forgotten.clear()
+        return self._forgotten
+
     def _taken(self) -> set[tuple[str, str]]:
         now = time.monotonic()
         for k, t in list(self._refused.items()):
@@ -268,12 +280,12 @@ class Allocator(PairingFallback, ViewSync):
                     taken: set[tuple[str, str]]) -> list[tuple[PodRequest, ContainerRequest]]:
         if pods is None:
             return []
-        readmits = time.monotonic() < self._readmits_until  # a restarted kubelet may admit a container again
-        found = candidates(pods, kind.value, amount, taken, readmits)
+        again = self._forgotten_by_kubelet()
+        found = candidates(pods, kind.value, amount, taken, again)
         if len(found) > 1 and self.resync is not None and self.resync():
             # several ask alike: the containers the kubelet lists holding devices are not pending, and those
             # placed on a guess are named now
-            found = candidates(pods, kind.value, amount, self._taken(), readmits)
+            found = candidates(pods, kind.value, amount, self._taken(), again)
         return found
 
     def _identify(self, dec: Decision) -> Decision | None:

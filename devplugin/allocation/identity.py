@@ -39,11 +39,11 @@ def own_record(pod: PodRequest) -> c.PodAssignment | None:
 
 
 def candidates(pods: Iterable[PodRequest], resource: str, amount: int, taken: Set[tuple[str, str]],
-               readmits: bool = False) -> list[tuple[PodRequest, ContainerRequest]]:
+               again: Set[tuple[str, str]] = frozenset()) -> list[tuple[PodRequest, ContainerRequest]]:
     """Every (pod, container) this call may be for, the kubelet's likeliest first. `resource` is the short name
-    (gpu-mem, ...); `taken` holds (pod UID, container name) of containers already placed or refused. `readmits`:
-    the kubelet restarted a moment ago and may admit again a container it forgot, so a container recorded on its
-    pod but not in `taken` (its devices released) is a candidate too."""
+    (gpu-mem, ...); `taken` holds (pod UID, container name) of containers already placed or refused; `again`,
+    containers recorded on their pod that a restarted kubelet forgot and may admit again (a candidate although
+    recorded)."""
     found: list[tuple[tuple, PodRequest, ContainerRequest]] = []
     for pod in pods:
         if pod.finished:
@@ -53,8 +53,8 @@ def candidates(pods: Iterable[PodRequest], resource: str, amount: int, taken: Se
             if container.amount(resource) != amount or (pod.uid, container.name) in taken:
                 continue
             if recorded is None:
-                recorded = set() if readmits else recorded_containers(pod)
-            if container.name in recorded:
+                recorded = recorded_containers(pod)
+            if container.name in recorded and (pod.uid, container.name) not in again:
                 continue
             found.append(((pod.seen, pod.created, pod.uid, container.position), pod, container))
             break  # later containers of this pod come after this one in the kubelet's order

@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 KUBELET_RESTART_GRACE_S = 10.0
 # A kubelet that stopped after a container's Allocate but before writing its checkpoint forgets that allocation
 # and, once restarted, admits the pod again: the same container asks again, though the daemon recorded it on its
-# pod. For this long after a restart, a recorded container whose devices the kubelet offers again is taken as
-# being admitted again (Allocator._find), not as done.
+# pod. For this long after a restart, a recorded container whose devices the kubelet offers again (its device
+# manager no longer holds them, a stronger sign than PodResources not listing them) is taken as being admitted
+# again (Allocator._find), not as done.
 READMIT_WINDOW_S = 120.0
 
 
@@ -43,6 +44,7 @@ class ViewSync:
 
     _absence_ignored_until: float = 0.0
     _readmits_until: float = 0.0  # READMIT_WINDOW_S after the kubelet's last restart
+    _forgotten: set[tuple[str, str]]  # (pod UID, container) the restarted kubelet forgot (Allocator._observe)
     _seeded = False  # the first reconcile (at start) has seeded the recent request sizes
 
     def kubelet_restarted(self) -> None:
@@ -50,6 +52,7 @@ class ViewSync:
         now = time.monotonic()
         self._absence_ignored_until = now + KUBELET_RESTART_GRACE_S
         self._readmits_until = now + READMIT_WINDOW_S
+        self._forgotten.clear()
         log.info("the kubelet restarted: for %.0f s, containers its PodResources does not list are kept",
                  KUBELET_RESTART_GRACE_S)
 
