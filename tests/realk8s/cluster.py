@@ -375,6 +375,8 @@ class Cluster(PodAccess):
             cert = pki.issue(f"node-{i}", f"system:node:{name}", orgs=("system:nodes",))
             node_kc = kubeconfigs.write(root / "node.kubeconfig", self.server, pki.ca.cert, f"system:node:{name}",
                                         cert=cert)
+            if self.runtime is not None:
+                self.runtime.serve_driver_socket(root)
             agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
                               extra_args=["--status-period", self.spec.status_period,
                                           "--control-addr", "127.0.0.1:0",
@@ -628,6 +630,7 @@ class Cluster(PodAccess):
             if name in self.procs:
                 self.procs[name].stop()
         if self.runtime is not None:
+            self.runtime.stop_driver_sockets()
             self.runtime.network.delete()
 
 

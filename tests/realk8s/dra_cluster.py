@@ -254,6 +254,8 @@ class DraCluster(PodAccess):
             driver = (None if self.spec.plugin == "stub"
                       else FakeDriver.create(root / "drv", list(self.spec.node_layouts[i]) if self.spec.node_layouts
                                              else node_gpus(name, self.spec.gpus, self.spec.gpu_mib)))
+            if self.runtime is not None and driver is not None:
+                self.runtime.serve_driver_socket(root)
             agent = NodeAgent(root, name, kubeconfig=node_kc, log_path=self.root / "logs" / f"{name}-agent.log",
                               extra_args=["--plugins-registry-dir", str(root / "plugins_registry"),
                                           "--cdi-dir", str(root / "cdi"), "--status-period", "10s",

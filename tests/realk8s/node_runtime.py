@@ -6,10 +6,11 @@ network namespace when the cluster stops."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplugin_sim.driver_socket import DriverSocket
 from devplugin_sim.fake_driver import FakeDriver
 from tests.realk8s import images
 from tests.realk8s.agent import cleanup_node
@@ -31,6 +32,7 @@ class NodeRuntime:
     network: PodNetwork
     volume_mounts: bool = True
     crash_backoff: str = "10s"
+    driver_sockets: list[DriverSocket] = field(default_factory=list)
 
     @classmethod
     def create(cls, root: Path, *, volume_mounts: bool = True, crash_backoff: str = "10s") -> NodeRuntime:
@@ -56,6 +58,16 @@ class NodeRuntime:
                         f"accept-nvidia-visible-devices-as-volume-mounts = {str(mounts).lower()}\n")
         return path
 
+    def serve_driver_socket(self, node_root: Path) -> None:
+        """Serve the node's fake driver socket (where its agent would: <root>/nvidia-fake/driver.sock) for the
+        node's life, as a kernel driver outlives the kubelet: a container's processes that start just before an
+        agent restart, or during it, still find their driver (the agent leaves a socket that answers to it)."""
+        path = node_root / "nvidia-fake" / "driver.sock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sock = DriverSocket(path)
+        path.chmod(0o666)  # every container's processes (any uid) reach it, as /dev/nvidiactl is world-writable
+        self.driver_sockets.append(sock)
+
     def agent_args(self, i: int, driver: FakeDriver | None) -> list[str]:
         """Node agent i's container runtime flags: runc, the image table, the pod network, the toolkit (over the
         node's fake driver when it has one: its knobs reach the GPU containers' processes)."""
@@ -78,4 +90,10 @@ class NodeRuntime:
         """Every container, mount and pod network namespace the nodes left, then the bridge."""
         for i, root in enumerate(node_roots):
             cleanup_node(root, self.netns_prefix(i))
+        self.stop_driver_sockets()
         self.network.delete()
+
+    def stop_driver_sockets(self) -> None:
+        for sock in self.driver_sockets:
+            sock.close()
+        self.driver_sockets.clear()

@@ -25,10 +25,18 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Serve listens on path (re-created: a stale socket of an earlier run is removed) until ctx ends.
+// Serve listens on path (re-created: a stale socket of an earlier run is removed) until ctx ends. A socket that
+// answers there already is the node's, served by something that outlives this agent (as a kernel driver outlives
+// the kubelet: the test cluster serves it for the node's life, so that containers started just before an agent
+// restart, or running through it, still find their driver); it is left to serve.
 func Serve(ctx context.Context, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		klog.InfoS("the node's driver socket is served already: not serving it", "path", path)
+		return nil
 	}
 	_ = os.Remove(path)
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
