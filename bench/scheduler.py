@@ -379,6 +379,27 @@ def sampled(count: int) -> int:
     return min(count, max(100, count * max(5, 50 - count // 125) // 100))
 
 
+def kept_answers_memory(state: ClusterState, names: list[str]) -> None:
+    """What the answers kept per ask (devplugin/scheduler/ask_answers.py) hold: the memory still allocated after as
+    many new asks as are kept were each answered once over every node (tracemalloc), per node and ask."""
+    if not hasattr(state, "share_filter"):
+        print("kept answers: none in this code")
+        return
+    import tracemalloc
+
+    from devplugin.scheduler.ask_answers import MAX_ASKS
+
+    state.indexes(names)  # every node's index built first: only the kept answers are counted
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for mem in range(1, MAX_ASKS + 1):
+        state.share_filter(mem, 7, names, "")
+    grown = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    print(f"kept answers: {grown / MAX_ASKS / len(names):.0f} bytes per node and ask, "
+          f"{grown / 2**20:.1f} MiB for {MAX_ASKS} asks over {len(names)} nodes")
+
+
 def throughput(http: Asgi, state: ClusterState, names: list[str], pods: int, sample: int = 0) -> None:
     """GPU pods one after the other as kube-scheduler places them: filter over every node (or, with `sample`,
     over that many, the window moving on from pod to pod as kube-scheduler's does), prioritize over those that
@@ -531,6 +552,7 @@ def main() -> int:
     row("mutating webhook (HTTP)", timed(lambda: http.post("/admission/mutate", content=gpu_pod), args.calls * 5))
     obj = json.loads(gpu_pod)["request"]["object"]
     row("validate (function)", timed(lambda: admission.validate(obj, UNITS), args.calls * 5))
+    kept_answers_memory(state, names)
     if args.throughput:
         throughput(http, state, names, args.throughput)
         if sampled(len(names)) < len(names):

@@ -89,6 +89,7 @@ class DriverSocket:
             raise ValueError(f"a unix socket path has at most 107 characters; {self.path} has {len(str(self.path))}")
         self.path.unlink(missing_ok=True)
         self._server = _Server(str(self.path))
+        self.path.chmod(0o666)  # every container's processes (any uid) reach it, as /dev/nvidiactl is world-writable
         self._thread = threading.Thread(target=self._server.serve_forever, name="driver-socket", daemon=True)
         self._thread.start()
 

@@ -159,11 +159,11 @@ class Allocator(PairingFallback, ViewSync):
     # ================================================================== the node view
     def _observe(self, kind: Kind, avail: Mapping[str, set[str]], must_include: Sequence[str]) -> None:
         freed = self.holdings.observe_available(kind, avail, must_include)
-        if freed and time.monotonic() < self._readmits_until:
-            # the restarted kubelet offers a known container's devices again: it forgot that allocation and may
-            # admit the container again (view_sync.READMIT_WINDOW_S)
-            self._forgotten.update((h.key.pod_uid, h.key.container) for h in freed if h.key is not None)
         if freed:
+            if time.monotonic() < self._readmits_until:
+                # the restarted kubelet offers a known container's devices again: it forgot that allocation and
+                # may admit the container again (view_sync.READMIT_WINDOW_S)
+                self._forgotten.update((h.key.pod_uid, h.key.container) for h in freed if h.key is not None)
             log.info("%d container(s) released their devices (the kubelet offers them again)", len(freed),
                      extra={"fields": {"resource": self.node.resource_name(kind),
                                        "containers": ",".join(str(h.key or h.holder) for h in freed)}})

@@ -16,10 +16,11 @@ from devplugin.contract import (
     ANN_ALLOCATED,
     ANN_NODE_GPUS,
     CORE_PER_GPU,
+    NodeGpu,
 )
 from devplugin.inspect.use import NodeUse
 from devplugin.scheduler.placements import pod_holding
-from devplugin.scheduler.room import node_room
+from devplugin.scheduler.room import GpuRoom, node_room
 from devplugin.scheduler.state import daemon_record, node_entry, not_in_usage
 
 MIB = 1 << 20
@@ -113,6 +114,16 @@ def _ip(node: Mapping) -> str:
     return ""
 
 
+def _gpu_report(r: GpuRoom, g: NodeGpu | None) -> GpuReport:
+    """A GPU's row from its room and its line of the node's inventory (None: the inventory does not name it)."""
+    report = GpuReport(r.index, r.uuid, g.model if g is not None else "", r.healthy, r.mem_total, r.mem_allocated,
+                       CORE_PER_GPU, r.core_allocated, r.whole)
+    if g is not None:
+        report.parent, report.parentIndex, report.migProfile = g.parent_uuid, g.parent_index, g.mig_profile
+        report.nvlink, report.numa = g.nvlink_island, g.numa_node
+    return report
+
+
 def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending: bool = True) -> Report:
     holdings: dict[str, list[tuple]] = {}
     pending: list[PendingPod] = []
@@ -145,13 +156,7 @@ def build_report(nodes: Iterable[Mapping], pods: Iterable[Mapping], with_pending
         rooms = node_room(entry.inventory,
                           (not_in_usage(h, daemon_record(p), entry.usage) for p, h, _ in on_node), entry.usage)
         inv = {g.index: g for g in entry.inventory.gpus}
-        gpus = [GpuReport(r.index, r.uuid, inv[r.index].model if r.index in inv else "", r.healthy, r.mem_total,
-                          r.mem_allocated, CORE_PER_GPU, r.core_allocated, r.whole,
-                          parent=inv[r.index].parent_uuid if r.index in inv else "",
-                          parentIndex=inv[r.index].parent_index if r.index in inv else None,
-                          migProfile=inv[r.index].mig_profile if r.index in inv else "",
-                          nvlink=inv[r.index].nvlink_island if r.index in inv else None,
-                          numa=inv[r.index].numa_node if r.index in inv else None) for r in rooms]
+        gpus = [_gpu_report(r, inv.get(r.index)) for r in rooms]
         by_index = {g.index: g for g in gpus}
         for pod, held, state in sorted(on_node, key=lambda t: t[0].key):
             for container, shares in sorted(held.items()):

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from devplugin.allocation.gpu_selection import NOTHING, Selection, SelectionError, read_selection
+from devplugin.allocation.gpu_selection import Selection, SelectionError, read_selection
 from devplugin.allocation.requests import PodRequest, PodRequestError, pod_request
 from devplugin.contract import (
     ANN_ALIYUN_ASSIGNED,
@@ -27,7 +27,7 @@ from devplugin.contract import (
     PodAssignment,
 )
 from devplugin.scheduler import one_share
-from devplugin.scheduler.fit import Ask, Fit, NodeView, ask_of, fit, score, single_share
+from devplugin.scheduler.fit import Ask, Fit, Item, NodeView, ask_of, fit, score, single_share
 from devplugin.scheduler.one_share import ShareIndex, index_of
 from devplugin.scheduler.selected import left_out, narrow
 from devplugin.scheduler.state import ClusterState, NodeEntry, node_entry
@@ -127,53 +127,55 @@ def filter_nodes(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | N
 def prioritize(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
                nodes: Sequence[Mapping] | None = None) -> list[tuple[str, int]]:
     """(node, score 0..10) for every node of the request; nodes the pod does not fit score 0."""
-    listed, indexes, values = _scores(state, pod_obj, names, nodes)
+    listed, indexes, values = _scores(state, _scoring(state, pod_obj), names, nodes)
     return list(zip(listed, values, strict=True))
 
 
 def prioritize_json(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None,
                     nodes: Sequence[Mapping] | None = None) -> str:
     """prioritize's answer as kube-scheduler reads it: [{"Host": node, "Score": score}, ...]."""
-    one = _plain_share(state, pod_obj) if not nodes else None
-    if one is not None:  # the common case: the ask's kept answers
-        return state.share_scores_json(one[0], one[1], names or [], one[2])
-    listed, indexes, values = _scores(state, pod_obj, names, nodes)
+    scoring = _scoring(state, pod_obj)
+    if scoring is not None and scoring.one is not None and scoring.selection.empty and not nodes:
+        # the common case: the ask's kept answers
+        return state.share_scores_json(scoring.one.mem, scoring.one.core, names or [], scoring.pod.uid)
+    listed, indexes, values = _scores(state, scoring, names, nodes)
     if indexes is None:
         return json.dumps([{"Host": h, "Score": s} for h, s in zip(listed, values, strict=True)])
     return one_share.scores_json(listed, indexes, values)
 
 
-def _plain_share(state: ClusterState, pod_obj: Mapping) -> tuple[int, int, str] | None:
-    """(mem, core, uid) of a pod asking one share on one GPU with no GPU selection; None for any other pod."""
+@dataclass(frozen=True)
+class _Scoring:
+    """A pod as prioritize scores it."""
+
+    pod: PodRequest
+    selection: Selection
+    ask: Ask
+    one: Item | None  # its one share on one GPU, when that is all it asks
+
+
+def _scoring(state: ClusterState, pod_obj: Mapping) -> _Scoring | None:
+    """The pod read for prioritize; None when every node scores MIN_SCORE (an unreadable pod, one asking for no
+    GPU, a GPU selection that cannot be read)."""
     try:
         pod = pod_request(pod_obj, state.domain)
-        if not pod.gpu_containers or not read_selection(pod.annotations).empty:
+        if not pod.gpu_containers:
             return None
+        selection = read_selection(pod.annotations)
     except (PodRequestError, SelectionError):
         return None
     ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem else None
-    return (one.mem, one.core, pod.uid) if one is not None else None
+    return _Scoring(pod, selection, ask, single_share(ask) if not ask.problem else None)
 
 
-def _scores(state: ClusterState, pod_obj: Mapping, names: Sequence[str] | None, nodes: Sequence[Mapping] | None
-            ) -> tuple[Sequence[str], list[ShareIndex | None] | None, list[int]]:
+def _scores(state: ClusterState, scoring: _Scoring | None, names: Sequence[str] | None,
+            nodes: Sequence[Mapping] | None) -> tuple[Sequence[str], list[ShareIndex | None] | None, list[int]]:
     """(the nodes, their indexes when the scores came from them, else None, the scores)."""
-    try:
-        pod = pod_request(pod_obj, state.domain)
-    except PodRequestError:
+    if scoring is None:
         listed = _names(names, nodes)
         return listed, None, [MIN_SCORE] * len(listed)
-    try:
-        selection = read_selection(pod.annotations) if pod.gpu_containers else NOTHING
-    except SelectionError:
-        selection = None
-    if not pod.gpu_containers or selection is None:
-        listed = _names(names, nodes)
-        return listed, None, [MIN_SCORE] * len(listed)
-    ask = ask_of(pod)
-    one = single_share(ask) if not ask.problem else None
-    if one is not None:  # the common case: answered from each node's index
+    pod, selection, ask, one = scoring.pod, scoring.selection, scoring.ask, scoring.one
+    if one is not None:  # answered from each node's index
         nodes_listed, indexes = _indexes(state, pod, names, nodes)
         values = one_share.scores(indexes, one.mem, one.core)
         if not selection.empty:  # nodes it narrows are scored on the GPUs it allows

@@ -483,6 +483,11 @@ class ClusterState:
             self._changes_base += len(self._changes)
             self._changes = []
 
+    def _stale(self, entry: NodeEntry) -> None:
+        """A pod on the node changed: its view and index are built again, and the asks' answers take it again."""
+        entry.stale()
+        self._changed(entry.name)
+
     def _answers(self, mem: int, core: int) -> AskAnswers:
         """The ask's kept answers, brought up to date with the changes since its last call."""
         key = (mem, core)
@@ -518,14 +523,12 @@ class ClusterState:
         if entry is None:
             entry = self._nodes[held.node] = NodeEntry(held.node, problem="node not seen yet")
         entry.held[held.uid] = held
-        entry.stale()
-        self._changed(held.node)
+        self._stale(entry)
 
     def _touch(self, held: Held) -> None:
         entry = self._nodes.get(held.node)
         if entry is not None:
-            entry.stale()
-            self._changed(held.node)
+            self._stale(entry)
 
     def _drop(self, uid: str) -> None:
         self._assumed.pop(uid, None)
@@ -535,5 +538,4 @@ class ClusterState:
         entry = self._nodes.get(held.node)
         if entry is not None:
             entry.held.pop(uid, None)
-            entry.stale()
-            self._changed(held.node)
+            self._stale(entry)

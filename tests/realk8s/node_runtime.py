@@ -64,9 +64,7 @@ class NodeRuntime:
         agent restart, or during it, still find their driver (the agent leaves a socket that answers to it)."""
         path = node_root / "nvidia-fake" / "driver.sock"
         path.parent.mkdir(parents=True, exist_ok=True)
-        sock = DriverSocket(path)
-        path.chmod(0o666)  # every container's processes (any uid) reach it, as /dev/nvidiactl is world-writable
-        self.driver_sockets.append(sock)
+        self.driver_sockets.append(DriverSocket(path))
 
     def agent_args(self, i: int, driver: FakeDriver | None) -> list[str]:
         """Node agent i's container runtime flags: runc, the image table, the pod network, the toolkit (over the
