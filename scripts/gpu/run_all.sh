@@ -14,8 +14,10 @@ nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 status=0
 for script in driver_checks.py runtime_devices.py lifetime_checks.py context_charge.py spin_share.py share_containers.py torch_oom.py torch_matmul_share.py; do
     echo "== $script"
-    "$PY" "scripts/gpu/$script"
+    # One check that hangs (a wedged context, a kernel that never ends) must not eat the others' time.
+    timeout "${GPU_CHECK_TIMEOUT_S:-180}" "$PY" "scripts/gpu/$script"
     rc=$?
+    [ $rc -eq 124 ] && echo "FAIL $script did not finish within ${GPU_CHECK_TIMEOUT_S:-180} s"
     [ $rc -eq 1 ] && status=1
 done 2>&1 | tee "$OUT/summary.txt"
 grep -q '^FAIL' "$OUT/summary.txt" && status=1
