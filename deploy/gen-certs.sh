@@ -12,7 +12,7 @@
 #                         only it; copy it to the control-plane hosts (scheduler/kube-scheduler-config.yaml)
 #   client-secret.yaml    the same pair as the Secret devplugin-scheduler-client (for the second scheduler)
 #   apiserver.crt, apiserver.key  the apiserver's client certificate for the webhooks (CN kube-apiserver): copy it
-#                         to the control-plane hosts once you turn on --webhook-client-names (docs/install.md)
+#                         to the control-plane hosts once you turn on --webhook-client-names (docs/guide/install.md)
 #   secret.yaml           the Secret the service mounts (tls.crt, tls.key, ca.crt), as cert-manager would write it
 #   ca-bundle.b64         the CA, base64: the webhooks' caBundle
 #   kustomization.yaml    OVERLAY without the cert-manager objects, with secret.yaml and the caBundle

@@ -5,7 +5,7 @@ This module is the single source of truth. `shim/gpushare_contract.h` is generat
 (`python -m devplugin.contract > shim/gpushare_contract.h`, or `make contract`) and a test fails
 when the header is stale. The env names are HAMi-core's (so either shim works with our daemon)
 plus Alibaba Cloud ACK's `ALIYUN_COM_GPU_MEM_*` names for applications that read them. The cluster half
-(labels, annotations and their JSON formats) is documented in docs/contract.md.
+(labels, annotations and their JSON formats) is documented in docs/reference/contract.md.
 """
 
 from __future__ import annotations
@@ -227,9 +227,9 @@ DRA_CDI_KIND = "gpushare.io/gpu"  # CDI vendor/class of the devices NodePrepareR
 # Multi-GPU sharing: a container's gpu-mem (and gpu-core.percentage) split evenly over N GPUs of one node.
 LABEL_ACK_MULTI_GPU = "aliyun.com/gpu-count"  # pod LABEL, ACK's name
 ANN_MULTI_GPU = "gpushare.io/gpu-count"  # pod annotation, ours, same meaning
-# Choose or avoid GPUs (docs/contract.md, devplugin/allocation/gpu_selection.py): comma-separated entries; a model
-# entry matches a GPU whose NVML product name (`model` in ANN_NODE_GPUS) contains it, ignoring case; a UUID entry
-# is a whole GPU UUID (GPU-...). Every annotation given must allow a GPU for the pod to use it.
+# Choose or avoid GPUs (docs/reference/contract.md, devplugin/allocation/gpu_selection.py): comma-separated
+# entries; a model entry matches a GPU whose NVML product name (`model` in ANN_NODE_GPUS) contains it, ignoring
+# case; a UUID entry is a whole GPU UUID (GPU-...). Every annotation given must allow a GPU for the pod to use it.
 ANN_USE_GPU_MODEL = "gpushare.io/use-gpu-model"
 ANN_AVOID_GPU_MODEL = "gpushare.io/avoid-gpu-model"
 ANN_USE_GPU_UUID = "gpushare.io/use-gpu-uuid"

@@ -152,7 +152,7 @@ def test_the_second_scheduler_can_take_its_leader_lease_and_reads_the_ca(objects
 
 def test_the_apiserver_has_a_client_certificate_for_the_webhooks(objects: list[dict]) -> None:
     # Issued whether or not the cluster uses it: --webhook-client-names=kube-apiserver turns it on, once every
-    # apiserver's AdmissionConfiguration presents it (docs/install.md).
+    # apiserver's AdmissionConfiguration presents it (docs/guide/install.md).
     _, _, container = scheduler_parts(objects)
     assert not [a for a in container["args"] if a.startswith("--webhook-client-names")]  # anyone, by default
     apiserver = find(objects, "Certificate", "devplugin-scheduler-apiserver")

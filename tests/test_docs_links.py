@@ -1,5 +1,6 @@
-"""Every relative link in README.md and docs/*.md points to a file of the repository (anchors are not checked),
-and the README links every page of docs/: a moved or renamed page must not leave readers at a dead link."""
+"""Every relative link in README.md and the pages under docs/ (docs/guide/, docs/reference/, ...) points to a file
+of the repository (anchors are not checked), and the README links every page of docs/: a moved or renamed page must
+not leave readers at a dead link."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # [text](target "title") and ![alt](target); reference definitions: [label]: target
 INLINE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
@@ -63,7 +64,7 @@ def test_the_readme_links_every_page_of_docs() -> None:
     readme = ROOT / "README.md"
     linked = {(ROOT / t.split("#", 1)[0]).resolve() for _, t in links(readme.read_text(encoding="utf-8"))
               if not EXTERNAL.match(t)}
-    missing = [p.name for p in PAGES[1:] if p.resolve() not in linked]
+    missing = [str(p.relative_to(ROOT)) for p in PAGES[1:] if p.resolve() not in linked]
     assert not missing, f"docs not linked from the README's Documentation list: {', '.join(missing)}"
 
 

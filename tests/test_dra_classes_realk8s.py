@@ -3,7 +3,7 @@ kube-apiserver and kube-scheduler (1.36, e2e/bin) against the slices `devplugin 
 (devplugin/dra/slices.py; one node, three 80 GiB GPUs), with the claim policies installed: each example's pod is
 scheduled and its claim gets what the example says: a 4 GiB / 30 % share of GPU 0 (first fit), a whole GPU, one
 6 GiB / 50 % allocation for two containers, shares on two different GPUs, the share choice of a firstAvailable
-request; and what docs/dra.md says of count and of two claims (count 2: two GPUs; two claims: maybe one GPU).
+request; and what docs/guide/dra.md says of count and of two claims (count 2: two GPUs; two claims: maybe one GPU).
 The examples' templates become claims here as kube-controller-manager's resourceclaim controller would
 make them (the spec copied, named after the pod); each example starts on free GPUs."""
 

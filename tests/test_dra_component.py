@@ -73,8 +73,8 @@ def test_each_example_is_valid_and_asks_our_classes(path: Path) -> None:
 
 
 def test_the_install_overlay_of_docs_dra_md_renders_with_the_limit_set(tmp_path: Path) -> None:
-    """The overlay docs/dra.md shows: both components, and the patch that sets the largest GPU memory."""
-    docs = (DEPLOY.parent / "docs" / "dra.md").read_text()
+    """The overlay docs/guide/dra.md shows: both components, and the patch that sets the largest GPU memory."""
+    docs = (DEPLOY.parent / "docs" / "guide" / "dra.md").read_text()
     shown = docs[docs.index("## Install"):]
     shown = shown[shown.index("```yaml\n") + 8:shown.index("```\n", shown.index("```yaml\n"))]
     mine = tmp_path / "overlay"

@@ -98,7 +98,7 @@ def test_a_whole_gpu_gets_its_gpu_and_no_shim(tmp_path: Path) -> None:
 
 def test_the_gpus_are_granted_by_a_mount_the_toolkit_trusts_as_well_as_by_env(tmp_path: Path) -> None:
     """A node whose NVIDIA container toolkit ignores the env of unprivileged containers (its secure setting,
-    docs/security.md) reads the grant from /dev/null mounted at /var/run/nvidia-container-devices/<UUID>."""
+    docs/reference/security.md) reads the grant from /dev/null mounted at /var/run/nvidia-container-devices/<UUID>."""
     store = Store()
     ref = store.add(claim(UID1, [result("gpu-1", memory="2Gi", cores="30")]))
     make(tmp_path, store).prepare([ref])

@@ -1,7 +1,7 @@
 """The real kube-apiserver and kube-scheduler (1.36, e2e/bin) on the slices `devplugin dra` publishes: shares of
 one GPU coexist, a whole-GPU claim waits while any share holds the GPU and gets it once the shares are gone, and a
-share waits while a whole claim holds it (the shared counter of partitionable devices, docs/dra-node.md); a GPU
-the health watcher failed is tainted and gets no new claim."""
+share waits while a whole claim holds it (the shared counter of partitionable devices,
+docs/reference/dra-node.md); a GPU the health watcher failed is tainted and gets no new claim."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def test_hamis_spelling_is_read_and_both_must_agree(ours: str, hamis: str) -> No
      f"{c.ANN_USE_GPU_MODEL} asks for 'H100 80GB' but {c.ANN_AVOID_GPU_MODEL} avoids 'h100'"),
     ({c.ANN_HAMI_USE_GPU_TYPE: "A100", c.ANN_HAMI_NOUSE_GPU_TYPE: "A100"}, "cannot be both chosen and avoided"),
     ({c.ANN_USE_GPU_UUID: "MIG-5f0d3a3e-6c4b-4b7e-9a43-2f1b6c7d8e90"}, "a MIG instance's UUID"),
-    ({c.ANN_AVOID_GPU_UUID: "MIG-GPU-5f0d3a3e-6c4b-4b7e-9a43-2f1b6c7d8e90/1/0"}, "docs/dra.md"),
+    ({c.ANN_AVOID_GPU_UUID: "MIG-GPU-5f0d3a3e-6c4b-4b7e-9a43-2f1b6c7d8e90/1/0"}, "docs/guide/dra.md"),
     ({c.ANN_USE_GPU_UUID: "GPU-0"}, "is not a GPU UUID; write it as NVML"),
     ({c.ANN_USE_GPU_UUID: "5f0d3a3e-6c4b-4b7e-9a43-2f1b6c7d8e90"}, "GPU- and 32 hex digits"),
     ({c.ANN_USE_GPU_MODEL: ""}, f"annotation {c.ANN_USE_GPU_MODEL} lists no GPU model"),

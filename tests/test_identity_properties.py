@@ -71,7 +71,7 @@ def room_for(k: MiniKubelet, request: dict[Kind, int], n: int) -> bool:
             continue
         mem, core = request.get(Kind.MEM, 0) // n, request.get(Kind.CORE, 0) // n
         if mem and not core and node.mode == "core_mem":
-            core = 5  # it reserves no compute, but runs only where at least 5 % is unreserved (docs/modes.md)
+            core = 5  # it reserves no compute, but runs only where at least 5 % is unreserved (docs/guide/modes.md)
         if node.units(g.uuid, Kind.MEM) - u[Kind.MEM] >= mem and 100 - u[Kind.CORE] >= core:
             fits.append(g)
     return len(fits) >= (request.get(Kind.COUNT) or n)
@@ -120,7 +120,7 @@ def test_every_container_gets_what_it_asked_on_its_gpus_and_nothing_twice(ops, s
         assert {kind: len(ids) for kind, ids in got.items()} == request
         gpus = {decode_id(i)[0] for ids in got.values() for i in ids}
         assert len(gpus) == (count or n), (uid, request, n, gpus)
-        if mem and not core:  # reserves no compute: only where some is unreserved (docs/modes.md)
+        if mem and not core:  # reserves no compute: only where some is unreserved (docs/guide/modes.md)
             assert all(core_free[u] >= 5 for u in gpus), (uid, request, core_free)
         for ids in got.values():
             per_gpu: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""The Grafana dashboard and docs/metrics.md agree with the metrics the code exports: a query naming a metric
+"""The Grafana dashboard and docs/reference/metrics.md agree with the metrics the code exports: a query naming a metric
 that no longer exists shows an empty panel with no error, so it is checked here."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from devplugin.scheduler.state import ClusterState
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpushare-dashboard.json"
-DOC = ROOT / "docs" / "metrics.md"
+DOC = ROOT / "docs" / "reference" / "metrics.md"
 METRIC = re.compile(r"\bgpushare_[a-z0-9_]+\b")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
 
@@ -97,9 +97,10 @@ def test_docs_list_every_metric() -> None:
     listed = set(METRIC.findall(text))
     for name, kind in families().items():
         shown = name + ("_total" if kind == "counter" else "")
-        assert shown in listed, f"docs/metrics.md does not list {shown}"
+        assert shown in listed, f"docs/reference/metrics.md does not list {shown}"
     known = sample_names() | set(families())  # a histogram is listed by its family name
-    assert listed <= known, f"docs/metrics.md names metrics the code does not export: {sorted(listed - known)}"
+    assert listed <= known, (
+        f"docs/reference/metrics.md names metrics the code does not export: {sorted(listed - known)}")
 
 
 def test_per_namespace_and_per_pod_panels_for_use_against_allocation() -> None:

@@ -1,10 +1,10 @@
-"""KubeRay on shared GPUs (KubeRay's GPU guide on this project's shares, docs/kuberay.md), on the test cluster
+"""KubeRay on shared GPUs (KubeRay's GPU guide on this project's shares, docs/guide/kuberay.md), on the test cluster
 with its pods running for real: the real KubeRay operator (v1.5.0, `make e2e-bin`) with its shipped CRDs and RBAC,
 Ray 2.60.0 from PyPI in the pods' image (`make ray-venv`), one node with one fake 16 GiB GPU in core_mem mode, so
 that every worker shares it.
 
-- a RayCluster as docs/kuberay.md writes it reaches ready; a Ray job's GPU task on a worker sees the worker's slice
-  in CuPy and nvidia-smi and stops at its cap with CuPy's own OutOfMemoryError; the head sees no GPU;
+- a RayCluster as docs/guide/kuberay.md writes it reaches ready; a Ray job's GPU task on a worker sees the
+  worker's slice in CuPy and nvidia-smi and stops at its cap with CuPy's own OutOfMemoryError; the head sees no GPU;
 - the worker group scaled 0 -> 3 -> 1 places three shares on the GPU and frees two;
 - with enableInTreeAutoscaling, a pending GPU task makes Ray's autoscaler add a worker on a share, and the idle
   worker is removed again; without `num-gpus` in the group's rayStartParams it adds none;
@@ -32,7 +32,7 @@ GiB = 1 << 30
 NODE = "gpu-node-0"
 JOB = (Path(__file__).parent / "realk8s" / "workload" / "ray_gpu_job.py").read_text()
 OOM = "cupy.cuda.memory.OutOfMemoryError"
-CONTEXT_CHARGE = 256 << 20  # the shim charges each process's CUDA context to the slice (docs/shim.md)
+CONTEXT_CHARGE = 256 << 20  # the shim charges each process's CUDA context to the slice (docs/reference/shim.md)
 # The fake GPU's kernel timeline: each launch of the job's 1000-block kernel takes 1 ms of the GPU, and a process
 # queues at most 20 ms ahead (a test knob of the fake driver, read by the worker's processes).
 TIMELINE = (("FAKE_CUDA_NS_PER_BLOCK", "1000"), ("FAKE_CUDA_QUEUE_US", "20000"))
@@ -190,8 +190,9 @@ def test_the_autoscaler_adds_a_worker_on_a_share_for_a_pending_gpu_task_and_remo
 
 
 def test_without_num_gpus_the_autoscaler_adds_no_worker_for_a_gpu_task(kr: Cluster, rns: str) -> None:
-    """docs/kuberay.md's second point: KubeRay reads a group's GPUs from `num-gpus` or from a limit whose name ends
-    in `gpu`; without either, Ray's autoscaler does not know the group has GPUs and a GPU task stays pending."""
+    """docs/guide/kuberay.md's second point: KubeRay reads a group's GPUs from `num-gpus` or from a limit whose
+    name ends in `gpu`; without either, Ray's autoscaler does not know the group has GPUs and a GPU task stays
+    pending."""
     kuberay.create(kr, rns, raycluster("no-num-gpus", Workers(replicas=0, num_gpus=None), autoscaling=True,
                                        idle_timeout_s=20))
     ready(kr, rns, "no-num-gpus", workers=0)

@@ -211,7 +211,7 @@ def test_containers_sharing_a_gpu_each_get_their_compute_share(realk8s: Cluster,
     """Containers on one GPU run kernels back to back at the same time, each under the shim its node gave it; the
     GPU time each got, read from the fake GPU's shared timeline: 30 / 30 / 40 % shares each within 5 points of its
     own, and a 70 % container keeps at least 65 % beside a container that reserved no compute (gpu-mem alone: it
-    may take only what nobody reserved, and only what its neighbours leave: docs/modes.md)."""
+    may take only what nobody reserved, and only what its neighbours leave: docs/guide/modes.md)."""
     realk8s.core.create_namespaced_pod(ns, pod("thirds", [Ask(mem=2, core=30), Ask(mem=2, core=30),
                                                           Ask(mem=2, core=40)]))
     realk8s.core.create_namespaced_pod(ns, pod("beside", [Ask(mem=2, core=70), Ask(mem=2)]))

@@ -66,7 +66,7 @@ def test_webhooks_fail_closed_where_it_matters_and_spare_kube_system() -> None:
         assert spared == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}
     assert {"key": "gpushare.io/visible-devices", "operator": "NotIn", "values": ["keep"]} in (
         m["namespaceSelector"]["matchExpressions"])
-    assert "matchConditions" not in v  # every pod, with or without a GPU request (docs/security.md, item 2)
+    assert "matchConditions" not in v  # every pod, with or without a GPU request (docs/reference/security.md, item 2)
 
 
 def test_deployment_serves_tls_from_the_certificates_secret() -> None:

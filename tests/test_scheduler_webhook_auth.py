@@ -55,7 +55,7 @@ def test_an_anonymous_caller_is_refused_before_its_body_is_read(served: Served) 
         assert r.json()["error"] == (
             "the webhooks answer only the apiserver: present a client certificate signed by the CA of "
             "--client-ca-file and naming one of: kube-apiserver (the apiserver's AdmissionConfiguration kubeconfig, "
-            "docs/install.md)")
+            "docs/guide/install.md)")
     # a 30 MiB declared body is answered at once, from its headers: nothing of it is read
     ctx = ssl.create_default_context(cafile=str(served.ca))
     port = int(served.url.rsplit(":", 1)[1])

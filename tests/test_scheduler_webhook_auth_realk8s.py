@@ -1,5 +1,5 @@
 """The real kube-apiserver (1.36, e2e/bin) presents a client certificate to the webhooks through its
-AdmissionConfiguration, as docs/install.md shows, and `devplugin scheduler --webhook-client-names kube-apiserver`
+AdmissionConfiguration, as docs/guide/install.md shows, and `devplugin scheduler --webhook-client-names kube-apiserver`
 answers it: a pod setting CUDA_VISIBLE_DEVICES is denied with the webhook's own message, an ordinary pod is created
 with NVIDIA_VISIBLE_DEVICES=void added, while an anonymous post to the same webhook gets 403."""
 
@@ -36,7 +36,7 @@ NS = "tenant-a"
 
 
 def admission_configuration(directory: Path, webhook_host: str, pki: Pki) -> Path:
-    """The AdmissionConfiguration of docs/install.md: both webhook plugins read one kubeconfig whose user, named
+    """The AdmissionConfiguration of docs/guide/install.md: both webhook plugins read one kubeconfig whose user, named
     after the webhook's host (here host:port of its URL; in a cluster the Service's DNS name), holds the client
     certificate the apiserver presents."""
     cert = pki.issue("kube-apiserver-webhook-client", "kube-apiserver")

@@ -216,7 +216,7 @@ def _check_uuid(name: str, text: str) -> None:
             "(its GPU-... UUID, which `nvidia-smi -L` prints above its MIG devices) to choose or avoid that GPU and "
             "its MIG devices. A MIG instance is chosen by what it is, not by its UUID (which changes whenever the "
             "instance is made again): by its profile with gpushare.io/use-gpu-model (e.g. \"MIG 1g.10gb\"), or in "
-            "DRA mode by its device's attributes in the claim (docs/dra.md)")
+            "DRA mode by its device's attributes in the claim (docs/guide/dra.md)")
     if not GPU_UUID.fullmatch(text):
         raise SelectionError(f"annotation {name}: {_clip(text)!r} is not a GPU UUID; write it as NVML and "
                              f"`nvidia-smi -L` print it: GPU- and 32 hex digits grouped 8-4-4-4-12 ({EXAMPLE_UUID})")

@@ -1,7 +1,7 @@
 """Containers that reserve no compute on a core_mem node: gpu-mem without gpu-core.percentage.
 
 One rule, applied alike by the node daemon (placement, limits, env), the scheduler extender (fit) and the
-validating webhook (a warning at creation), described in docs/modes.md: such a container runs only on compute
+validating webhook (a warning at creation), described in docs/guide/modes.md: such a container runs only on compute
 nobody reserved. It goes only to a GPU where at least MIN_UNRESERVED percent of the compute is not reserved by
 containers with a share, and reserves none of it (a container with a share may still take it); its shim lets it
 take at most what nobody had reserved on that GPU when it was placed (the limits file's `sm_limit` with

@@ -143,8 +143,8 @@ class Config(Settings):
         "auto", "how a container is told its GPUs: auto (volume-mounts where the node's container toolkit accepts "
         "volume mounts, read from --toolkit-config; envvar otherwise), envvar (NVIDIA_VISIBLE_DEVICES=<UUIDs>), "
         "volume-mounts (a mount per GPU under /var/run/nvidia-container-devices; a pod's own env then grants "
-        "nothing) or cdi-cri (CDI device names nvidia.com/gpu=<UUID>); see docs/security.md for the container "
-        "toolkit's settings", choices=(AUTO_STRATEGY, *STRATEGIES))
+        "nothing) or cdi-cri (CDI device names nvidia.com/gpu=<UUID>); see docs/reference/security.md for the "
+        "container toolkit's settings", choices=(AUTO_STRATEGY, *STRATEGIES))
     toolkit_config: str = _opt(
         TOOLKIT_CONFIG, "the node's NVIDIA container toolkit config (mounted read-only): what it accepts as a GPU "
         "grant decides --device-list-strategy auto")

@@ -3,7 +3,7 @@ from the shim's usage file of that container (devplugin/isolation/container_usag
 
 Series exist only for containers the daemon knows as holding devices: one that ended disappears at the next
 scrape after the daemon learns it ended. Labels: node, namespace, pod, container, gpu (index), uuid; at most a
-few hundred containers a node, each on 1..16 GPUs (docs/metrics.md).
+few hundred containers a node, each on 1..16 GPUs (docs/reference/metrics.md).
 """
 
 from __future__ import annotations

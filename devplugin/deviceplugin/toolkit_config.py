@@ -78,7 +78,7 @@ def choose(requested: str, toolkit: ToolkitConfig) -> Choice:
     with `unknown device`), unless the config was not found (the daemon cannot see it: the operator's word
     stands)."""
     fix = (f"set {ACCEPT_MOUNTS} = true and {ACCEPT_ENVVAR} = false in {toolkit.path} on every GPU node "
-           "(docs/security.md)")
+           "(docs/reference/security.md)")
     warnings: list[str] = []
     strategy = requested
     if requested == AUTO:

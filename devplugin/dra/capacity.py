@@ -2,7 +2,7 @@
 
 `memory` is bytes on a 256 MiB step (the smallest share 256 MiB, the largest the GPU's memory rounded down to the
 step); `cores` is percent of the GPU's compute, 5 to 100 on a step of 5. A capacity a claim does not name takes
-its `default`, the smallest share (256 MiB, 5 %): a claim asks for what it needs by name (docs/dra-node.md).
+its `default`, the smallest share (256 MiB, 5 %): a claim asks for what it needs by name (docs/reference/dra-node.md).
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def grant_mounts(budgets: Sequence[GpuBudget]) -> list[MountSpec]:
     """The GPUs granted the way NVIDIA's container toolkit reads a grant it trusts: `/dev/null` mounted at
     /var/run/nvidia-container-devices/<GPU UUID> (its volume-mounts device list). A node whose toolkit takes the
     grant from mounts (`accept-nvidia-visible-devices-as-volume-mounts = true` and the env of unprivileged
-    containers ignored, docs/security.md) gives the container exactly these GPUs; a toolkit of its defaults reads
-    the same GPUs from NVIDIA_VISIBLE_DEVICES, which the device also sets."""
+    containers ignored, docs/reference/security.md) gives the container exactly these GPUs; a toolkit of its
+    defaults reads the same GPUs from NVIDIA_VISIBLE_DEVICES, which the device also sets."""
     return [MountSpec(f"{VOLUME_MOUNT_ROOT}/{b.gpu.uuid}", VOLUME_MOUNT_HOST_PATH, True) for b in budgets]
 
 

@@ -1,7 +1,7 @@
 """What each container uses, from the node daemons: their /metrics (the gpushare_container_* series), reached
 through the apiserver's pod proxy, so inspect needs no route to the nodes and no endpoint of its own on them.
 
-The daemons answer /metrics only to a token allowed `get` on it (docs/metrics.md). The pod proxy drops the
+The daemons answer /metrics only to a token allowed `get` on it (docs/reference/metrics.md). The pod proxy drops the
 Authorization header once it has authenticated inspect's user, so inspect asks for a 10-minute token of the
 ServiceAccount gpushare-metrics-reader in the daemons' namespace (TokenRequest) and sends it in
 X-Forwarded-Access-Token, which the proxy passes on.

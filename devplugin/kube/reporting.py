@@ -3,7 +3,7 @@
 Called under the allocator's lock on the admission path, so nothing here does I/O: annotations and Events are
 handed to the writer's background queue (retries, backoff, delivered once the apiserver is back); node usage is
 published by a debounced background thread. The annotation formats are the cluster contract
-(devplugin/contract.py, docs/contract.md).
+(devplugin/contract.py, docs/reference/contract.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ mutual TLS.
 
 The service asks every client for a certificate (CERT_OPTIONAL, verified against --client-ca-file): kube-scheduler
 presents the one its KubeSchedulerConfiguration names (tlsConfig.certFile/keyFile); the apiserver presents one only
-when its AdmissionConfiguration gives it a kubeconfig for the webhooks (docs/install.md). A certificate that does
+when its AdmissionConfiguration gives it a kubeconfig for the webhooks (docs/guide/install.md). A certificate that does
 not verify ends the TLS handshake (unknown CA). For paths under /scheduler/ the verified certificate must name an
 allowed client (its subject CN or a DNS SAN); under /admission/ too when --webhook-client-names names any (else the
 webhooks answer anyone). Anything else gets 403 with the reason and a log line, before the body is read. uvicorn
@@ -107,7 +107,7 @@ def webhook_refusal(names: Collection[str], allowed: Collection[str]) -> str:
     if not names:
         return ("the webhooks answer only the apiserver: present a client certificate signed by the CA of "
                 f"--client-ca-file and naming one of: {wanted} (the apiserver's AdmissionConfiguration kubeconfig, "
-                "docs/install.md)")
+                "docs/guide/install.md)")
     return (f"client certificate names {', '.join(names)}, which may not call the webhooks; allowed: {wanted} "
             "(--webhook-client-names)")
 

@@ -1,6 +1,6 @@
 """Does a pod fit a node, and on which GPUs: one pure function used by filter, prioritize and bind.
 
-Rules (docs/scheduler.md): the node's mode must serve what the pod asks (gpu-core.percentage only on
+Rules (docs/reference/scheduler.md): the node's mode must serve what the pod asks (gpu-core.percentage only on
 core_mem nodes; gpu-mem and gpu-count everywhere). On core_mem nodes a memory-only container runs only on compute
 nobody reserved (devplugin/allocation/unreserved.py, the node daemon's rule): it goes only to a GPU with at least
 5 % of its compute unreserved, and reserves none of it. Each container's memory and compute go together on one

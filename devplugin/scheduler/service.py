@@ -20,7 +20,7 @@ from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "DEVPLUGIN_SCHEDULER_"
-# The largest body either caller sends (docs/scheduler.md, "Request sizes"; bench/request_sizes.py): an
+# The largest body either caller sends (docs/reference/scheduler.md, "Request sizes"; bench/request_sizes.py): an
 # AdmissionReview of an UPDATE carries the pod twice, each under the apiserver's 1.5 MiB object limit (about 3.1 MiB
 # in all); kube-scheduler's filter for 5,000 nodes with nodeCacheCapable sends names only (about 0.2 MiB) and a pod.
 DEFAULT_MAX_BODY = 4 << 20

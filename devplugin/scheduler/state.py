@@ -1,13 +1,13 @@
 """The extender's view of the cluster: nodes (inventory, usage, labels), the GPUs each pod holds, and the
 extender's own assumptions (bound by it but not yet seen bound in the watch).
 
-Who is believed (docs/security.md): the node daemon is the authority for its node. A node's room is the daemon's
-published usage (gpushare.io/gpu-usage) plus the containers in flight: of pods bound (by this extender, or seen bound
-with a GPU choice), the containers not yet in that usage, i.e. not named by a daemon's record (gpushare.io/allocated)
-of a time the usage has reached. The daemon records a pod container by container, as the kubelet admits them, so a
-record that names the first container only leaves the others in flight. A container in flight is counted from its
-own request at the GPUs its choice names (placements.bounded): a pod's annotations steer that pod and nothing else.
-A node without a usage annotation (an older daemon) counts every bound GPU pod that way.
+Who is believed (docs/reference/security.md): the node daemon is the authority for its node. A node's room is the
+daemon's published usage (gpushare.io/gpu-usage) plus the containers in flight: of pods bound (by this extender, or
+seen bound with a GPU choice), the containers not yet in that usage, i.e. not named by a daemon's record
+(gpushare.io/allocated) of a time the usage has reached. The daemon records a pod container by container, as the
+kubelet admits them, so a record that names the first container only leaves the others in flight. A container in
+flight is counted from its own request at the GPUs its choice names (placements.bounded): a pod's annotations steer
+that pod and nothing else. A node without a usage annotation (an older daemon) counts every bound GPU pod that way.
 
 Fed by the informers (or directly by tests); rebuilt from the apiserver alone on restart, since every fact
 here is an annotation or a label. Thread-safe: one lock guards the maps (short sections); `node_lock(name)`

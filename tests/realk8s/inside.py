@@ -21,7 +21,8 @@ from tests.realk8s.podspecs import CORE, COUNT, MEM, recorded
 GiB = 1 << 30
 MiB = 1 << 20
 # What the shim charges a process for its CUDA context on each GPU, before creating it (GPUSHARE_CONTEXT_RESERVE's
-# default, docs/shim.md "The context charge"): the runtime's free memory in a fresh process is its slice less this.
+# default, docs/reference/shim.md "The context charge"): the runtime's free memory in a fresh process is its slice
+# less this.
 CONTEXT_CHARGE = 256 * MiB
 
 

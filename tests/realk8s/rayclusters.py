@@ -1,4 +1,4 @@
-"""RayCluster manifests as docs/kuberay.md writes them, sized for the test machine (2 cores): a head that runs no
+"""RayCluster manifests as docs/guide/kuberay.md writes them, sized for the test machine (2 cores): a head that runs no
 tasks and asks for no GPU (NVIDIA_VISIBLE_DEVICES=void, as the docs set it for clusters without the webhook), and
 one GPU worker group whose workers each take a slice of one GPU through `aliyun.com/gpu-mem` and
 `aliyun.com/gpu-core.percentage` limits, with `num-gpus` in `rayStartParams` (KubeRay cannot count GPUs from those
