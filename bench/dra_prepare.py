@@ -44,7 +44,7 @@ from devplugin.dra.plugin import DraPlugin  # noqa: E402
 from devplugin.dra.pods import PodsOnNode  # noqa: E402
 from devplugin.dra.prepare import Preparer  # noqa: E402
 from devplugin.dra.slices import devices_by_name  # noqa: E402
-from devplugin.gpu.inventory import GPU  # noqa: E402
+from devplugin.gpu.device import GPU  # noqa: E402
 from devplugin.isolation.shim_files import ShimPaths  # noqa: E402
 
 NODE = "bench-node"

@@ -36,7 +36,7 @@ from devplugin.allocation.units import Kind, device_ids  # noqa: E402
 from devplugin.api.deviceplugin.v1beta1 import api_pb2  # noqa: E402
 from devplugin.app import logs  # noqa: E402
 from devplugin.deviceplugin.devices import DeviceBoard  # noqa: E402
-from devplugin.gpu.inventory import GPU  # noqa: E402
+from devplugin.gpu.device import GPU  # noqa: E402
 from devplugin.kube.reporting import ClusterReporter  # noqa: E402
 
 WARMUP = 100

@@ -15,7 +15,7 @@ from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.node import Node
 from devplugin.allocation.requests import PodRequest, pod_request
 from devplugin.allocation.units import Kind, device_ids
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 from devplugin.isolation.shim_delivery import shim_provider
 from devplugin.isolation.shim_files import ShimPaths
 from devplugin_sim.gpu_share import SHIM, Container

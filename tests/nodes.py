@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from devplugin.allocation.allocator import Allocator, Grant
 from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind, MemUnit, device_ids
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 GiB = 1 << 30
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 from tests.dra.realk8s_dra import DraCluster, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s

@@ -20,8 +20,8 @@ from kubernetes.client.rest import ApiException
 
 from devplugin.app.cli import main
 from devplugin.dra.slices import build_slices
+from devplugin.gpu.device import GPU
 from devplugin.gpu.facts import GpuFacts
-from devplugin.gpu.inventory import GPU
 from tests.realk8s.apiserver import BareApiserver, bare_apiserver
 
 pytestmark = pytest.mark.realk8s

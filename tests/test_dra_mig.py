@@ -14,8 +14,8 @@ import pytest
 from devplugin import contract
 from devplugin.dra.publisher import SlicePublisher
 from devplugin.dra.slices import build_slices
+from devplugin.gpu.device import GPU
 from devplugin.gpu.facts import GpuFacts
-from devplugin.gpu.inventory import GPU
 from devplugin.gpu.mig import MigDevice, MigState, shared_devices
 from tests.dra.realk8s_dra import DraCluster, add_node, dra_cluster, pod_with_claims, share_claim, wait_for
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
+from devplugin.gpu.device import GPU
+from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
 from devplugin_sim.fake_driver import FakeGPU, nvml_refcount, seed_node, seed_uuid
 
 GIB = 1 << 30

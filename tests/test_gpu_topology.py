@@ -9,7 +9,8 @@ import pynvml
 import pytest
 
 from devplugin.gpu import topology
-from devplugin.gpu.inventory import GPU, enumerate_gpus
+from devplugin.gpu.device import GPU
+from devplugin.gpu.inventory import enumerate_gpus
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, nvlink_node, seed_node
 
 

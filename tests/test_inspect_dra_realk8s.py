@@ -20,8 +20,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devplugin.dra.slices import build_slices
+from devplugin.gpu.device import GPU
 from devplugin.gpu.facts import GpuFacts
-from devplugin.gpu.inventory import GPU
 from devplugin.inspect.cli import main
 from tests.realk8s.apiserver import BareApiserver, bare_apiserver
 

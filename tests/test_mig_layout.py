@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 from devplugin.gpu.layout_watch import LayoutWatcher, changes
 from devplugin.gpu.mig import MigDevice, MigState, profile_of, shared_devices
 

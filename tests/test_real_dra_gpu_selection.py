@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 from tests.dra.realk8s_dra import DraCluster, pod_with_claims, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s

@@ -14,7 +14,7 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.planner import Need, Room, place
 from devplugin.allocation.topology import ANY, NUMA, NVLINK, Where, choose, describe
 from devplugin.allocation.units import Kind, MemUnit, decode_id, encode_id
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 from tests.nodes import MiniKubelet
 
 GiB = 1 << 30

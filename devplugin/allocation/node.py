@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from devplugin.allocation.units import Kind, MemUnit, units_per_gpu
 from devplugin.contract import MODES, PLACEMENTS
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 __all__ = ["MODES", "PLACEMENTS", "Node", "served_kinds"]
 SERVED_KINDS = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 MiB = 1 << 20
 MAX_ID_LENGTH = 63  # kubelet: Device.ID is at most 63 characters

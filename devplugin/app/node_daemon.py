@@ -22,9 +22,9 @@ from devplugin.app.config import Config
 from devplugin.deviceplugin import toolkit_config
 from devplugin.deviceplugin.daemon import Daemon
 from devplugin.deviceplugin.devices import DeviceBoard
+from devplugin.gpu.device import GPU
 from devplugin.gpu.health import HealthWatcher
 from devplugin.gpu.health_state import HealthStore
-from devplugin.gpu.inventory import GPU
 from devplugin.gpu.layout_watch import LayoutChange, LayoutWatcher
 from devplugin.kube.node_sync import SYNC_INTERVAL_ALONE_S, SYNC_INTERVAL_S, NodeSync
 from devplugin.kube.reporting import ClusterReporter, occupancy

@@ -23,7 +23,8 @@ from devplugin.app.metrics import NodeMetrics
 from devplugin.app.node_daemon import KubeLink, NodeDaemon, build
 from devplugin.contract import ALLOCATION_DRA, LABEL_ALLOCATION, LABEL_MODE, LABEL_PLACEMENT
 from devplugin.deviceplugin import toolkit_config
-from devplugin.gpu.inventory import GPU, NvmlUnavailable, enumerate_gpus
+from devplugin.gpu.device import GPU
+from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
 from devplugin.isolation.shim_delivery import Janitor, shim_provider
 from devplugin.isolation.shim_files import ShimPaths
 from devplugin.kube.labels import NodeSettings, mode_from_labels, whole_gpus_from_labels

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from devplugin import contract
 from devplugin.dra.capacity import CapacityError, check_share, memory_offered, parse_amount
 from devplugin.dra.slices import DeviceRef
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 MAX_RESULTS = 32  # allocation results of one claim this node accepts (a request may ask count: N)
 MAX_NAME = 253

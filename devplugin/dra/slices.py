@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from devplugin import contract
 from devplugin.dra.capacity import GpuCapacity, cores_policy, memory_offered, memory_policy
 from devplugin.dra.slice_names import slice_names
+from devplugin.gpu.device import GPU
 from devplugin.gpu.facts import GpuFacts
-from devplugin.gpu.inventory import GPU
 
 API_VERSION = "resource.k8s.io/v1"
 COUNTER_SET = "gpus"

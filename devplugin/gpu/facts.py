@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pynvml
 
 from devplugin.gpu import nvml
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 
 @dataclass(frozen=True)

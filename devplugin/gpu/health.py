@@ -35,8 +35,8 @@ from typing import Any
 import pynvml
 
 from devplugin.gpu import nvml
+from devplugin.gpu.device import GPU
 from devplugin.gpu.health_state import Fault, HealthStore, current_boot_id
-from devplugin.gpu.inventory import GPU
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import pynvml
 
 from devplugin.gpu import mig, nvml
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 from devplugin.gpu.nvml import NvmlUnavailable
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pynvml
 
-if TYPE_CHECKING:
-    from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 log = logging.getLogger(__name__)
 

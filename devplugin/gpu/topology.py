@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import pynvml
 
-if TYPE_CHECKING:
-    from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 log = logging.getLogger(__name__)
 

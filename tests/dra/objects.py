@@ -6,7 +6,7 @@ import uuid as uuidlib
 from typing import Any
 
 from devplugin import contract
-from devplugin.gpu.inventory import GPU
+from devplugin.gpu.device import GPU
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -138,7 +138,7 @@ def dra_cluster(root: Path) -> Iterator[DraCluster]:
 @contextmanager
 def shipped_dra_cluster(prefix: str, node: str, gpus: Callable[[], list[Any]]) -> Iterator[DraCluster]:
     """dra_cluster with the shipped DeviceClasses' selectors and claim policies (deploy/components/dra), and `node`
-    publishing the ResourceSlices of `gpus()` (devplugin.gpu.inventory.GPU) as `devplugin dra` would."""
+    publishing the ResourceSlices of `gpus()` (devplugin.gpu.device.GPU) as `devplugin dra` would."""
     import subprocess
     import tempfile
 
