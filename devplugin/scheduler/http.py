@@ -57,8 +57,7 @@ from devplugin.scheduler.models import (
 )
 from devplugin.scheduler.openapi import openapi_document
 from devplugin.scheduler.review_gate import Busy, GateSettings, ReviewGate
-from devplugin.scheduler.review_limits import ReviewLimits, body_problem, pod_shape_problem
-from devplugin.scheduler.service import DEFAULT_MAX_BODY
+from devplugin.scheduler.review_limits import DEFAULT_MAX_BODY, ReviewLimits, body_problem, pod_shape_problem
 from devplugin.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 # Kubernetes' limits, for scale: etcd stores objects of at most 1.5 MiB by default, the apiserver reads request
 # bodies of at most 3 MiB, and a container name is a DNS label (63 characters).
 CONTAINER_NAME_MAX = 63
+# The largest body either caller sends (docs/reference/scheduler.md, "Request sizes"; bench/request_sizes.py): an
+# AdmissionReview of an UPDATE carries the pod twice, each under the apiserver's 1.5 MiB object limit (about 3.1 MiB
+# in all); kube-scheduler's filter for 5,000 nodes with nodeCacheCapable sends names only (about 0.2 MiB) and a pod.
+DEFAULT_MAX_BODY = 4 << 20
 DEFAULT_MAX_TOKENS = 100_000
 DEFAULT_MAX_CONTAINERS = 1_000
 DEFAULT_MAX_ENV = 4_096

@@ -15,15 +15,16 @@ from typing import Any
 from devplugin.app import logs
 from devplugin.app.http_serving import Bounds, ConnectionGate, bounded_protocol
 from devplugin.scheduler.review_gate import DEFAULT_MAX_WAIT_S, DEFAULT_SLOTS
-from devplugin.scheduler.review_limits import DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_ENV, DEFAULT_MAX_TOKENS
+from devplugin.scheduler.review_limits import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_CONTAINERS,
+    DEFAULT_MAX_ENV,
+    DEFAULT_MAX_TOKENS,
+)
 from devplugin.scheduler.state import DEFAULT_ASSUME_TTL_S, ClusterState
 
 log = logging.getLogger(__name__)
 ENV_PREFIX = "DEVPLUGIN_SCHEDULER_"
-# The largest body either caller sends (docs/reference/scheduler.md, "Request sizes"; bench/request_sizes.py): an
-# AdmissionReview of an UPDATE carries the pod twice, each under the apiserver's 1.5 MiB object limit (about 3.1 MiB
-# in all); kube-scheduler's filter for 5,000 nodes with nodeCacheCapable sends names only (about 0.2 MiB) and a pod.
-DEFAULT_MAX_BODY = 4 << 20
 DEFAULT_ALLOWED_CLIENTS = "kube-scheduler"
 
 
