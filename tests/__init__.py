@@ -1,0 +1,1 @@
+"""The project's tests, in folders that mirror the product's rooms (tests/README.md)."""
