@@ -99,7 +99,8 @@ class Running:
         assert self.nd is not None
         self.nd.stop()
         cfg = self.daemon_config
-        self.nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), self.nd.link, self.metrics,
+        admission = self.metrics.admission if self.metrics is not None else None
+        self.nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), self.nd.link, admission,
                         self.whole_gpus)
         self.daemon, self.health = self.nd.daemon, self.nd.health
         self.nd.start()
@@ -184,7 +185,7 @@ def running(gpus: list[FakeGPU] | None = None, *, seed: int = 1, apiserver: Fake
     kubelet.start()
     link = link_to(apiserver, node_name, cfg.resource_domain) if apiserver is not None else KubeLink()
     metrics = NodeMetrics(lambda: link, cfg.node_name)
-    nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link, metrics, whole_gpus)
+    nd = build(cfg, enumerate_gpus(), cfg.mode, cfg.placement, shim_mounts(cfg), link, metrics.admission, whole_gpus)
     nd.start()
     r = None
     http = metrics_http = None

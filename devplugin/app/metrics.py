@@ -2,7 +2,8 @@
 
 Two kinds of figures:
 - events counted as they happen (admission latency, refusals, pod lookups): prometheus_client's Histogram and
-  Counter, told by the servicer and the allocator; nothing else on the admission path;
+  Counter (devplugin/app/admission_metrics.py), told by the servicer and the allocator; nothing else on the
+  admission path;
 - state read at scrape time by a Collector (per-GPU allocation and containers, health, registration, apiserver
   errors): it reads the serving daemon's node view without the allocator's lock (lengths of dicts and sets,
   which are atomic), so admissions pay nothing for it.
@@ -17,51 +18,28 @@ in one process (tests) and the exposition holds only this daemon's figures.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from devplugin.allocation.allocator import LOOKUP_OUTCOMES
-from devplugin.allocation.errors import RequestError
 from devplugin.allocation.units import Kind
 from devplugin.app import usage_metrics
+from devplugin.app.admission_metrics import PREFIX, AdmissionMetrics
+from devplugin.app.node_daemon import KubeLink, NodeDaemon
 
-if TYPE_CHECKING:
-    from devplugin.app.node_daemon import KubeLink, NodeDaemon
-
-PREFIX = "gpushare_"
-CALLS = ("GetPreferredAllocation", "Allocate")
-# Admission answers take tens of microseconds from the cache and up to the lookup budget (0.3 s by default) when
-# the apiserver must be asked: buckets cover both ends.
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MIB = 1 << 20
 
 
 class NodeMetrics:
-    """The daemon's registry: admission metrics (AdmissionObserver for the servicers, on_lookup for the
-    allocator) and the scrape-time collector over `link().current`, the daemon serving now. `link` is a callable:
-    the cluster link is made after the metrics endpoint is up."""
+    """The daemon's registry: the admission figures (`admission`, told by the servicers and the allocator) and the
+    scrape-time collector over `link().current`, the daemon serving now. `link` is a callable: the cluster link is
+    made after the metrics endpoint is up."""
 
     def __init__(self, link: Callable[[], KubeLink | None], node_name: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.node_name = node_name
-        self.latency = Histogram(
-            PREFIX + "admission_duration_seconds",
-            "Time to answer one kubelet admission call (GetPreferredAllocation or Allocate), refusals included",
-            ["node", "call", "resource"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.refusals = Counter(
-            PREFIX + "admission_refusals",
-            "Admission calls refused; error: invalid_request, no_room or conflict; reason: a short code",
-            ["node", "call", "resource", "error", "reason"], registry=self.registry)
-        self.lookups = Counter(
-            PREFIX + "pod_lookups",
-            "How the daemon named the container being admitted: cache, direct (a LIST within the lookup budget), "
-            "not_found or no_answer (both placed by node-local pairing)",
-            ["node", "outcome"], registry=self.registry)
-        self._lookup = {o: self.lookups.labels(node_name, o) for o in LOOKUP_OUTCOMES}
-        self._timers: dict[tuple[str, str], Histogram] = {}  # (call, resource) -> its series, looked up once
+        self.admission = AdmissionMetrics(self.registry, node_name)
         self.registry.register(NodeCollector(link, node_name))
         self._link = link
 
@@ -72,28 +50,6 @@ class NodeMetrics:
     def exposition(self) -> bytes:
         """Everything /metrics answers: the registry's families, then the per-container ones."""
         return generate_latest(self.registry) + self.container_exposition()
-
-    # ------------------------------------------------------------------ AdmissionObserver
-    def answered(self, call: str, resource: str, seconds: float) -> None:
-        timer = self._timers.get((call, resource))
-        if timer is None:
-            timer = self._timers[(call, resource)] = self.latency.labels(self.node_name, call, resource)
-        timer.observe(seconds)
-
-    def refused(self, call: str, resource: str, exc: RequestError) -> None:
-        self.refusals.labels(self.node_name, call, resource, exc.error, exc.reason).inc()
-
-    # ------------------------------------------------------------------ Allocator.on_lookup
-    def lookup(self, outcome: str) -> None:
-        child = self._lookup.get(outcome)
-        if child is not None:
-            child.inc()
-
-    def prepare(self, resources: list[str]) -> None:
-        """Create the admission series of these resources at zero, so that rates exist before the first call."""
-        for res in resources:
-            for call in CALLS:
-                self._timers[(call, res)] = self.latency.labels(self.node_name, call, res)
 
 
 class _Families:

@@ -18,6 +18,7 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.ports import MountProvider, Reporter
 from devplugin.allocation.requests import PodRequest
 from devplugin.allocation.units import check_message_size
+from devplugin.app.admission_metrics import AdmissionMetrics
 from devplugin.app.config import Config
 from devplugin.deviceplugin import toolkit_config
 from devplugin.deviceplugin.daemon import Daemon
@@ -30,7 +31,6 @@ from devplugin.kube.node_sync import SYNC_INTERVAL_ALONE_S, SYNC_INTERVAL_S, Nod
 from devplugin.kube.reporting import ClusterReporter, occupancy
 
 if TYPE_CHECKING:
-    from devplugin.app.metrics import NodeMetrics
     from devplugin.kube.node_watch import NodeWatch
     from devplugin.kube.pod_cache import PodCache
     from devplugin.kube.writer import KubeWriter
@@ -157,7 +157,7 @@ class NodeDaemon:
 
 
 def build(cfg: Config, gpus: list[GPU], mode: str, placement: str, mounts: MountProvider | None = None,
-          link: KubeLink | None = None, metrics: NodeMetrics | None = None, whole_gpus: int = 0) -> NodeDaemon:
+          link: KubeLink | None = None, metrics: AdmissionMetrics | None = None, whole_gpus: int = 0) -> NodeDaemon:
     """All parts for this node; ValueError / UnitTooFine on settings that cannot be served. `metrics` hears
     every admission call and pod lookup; `whole_gpus`: the last N GPUs are kept for gpu-count (node label
     gpushare.io/whole-gpus)."""

@@ -154,7 +154,7 @@ class Supervisor:
                 if self.settings.problem:
                     log.warning("%s", self.settings.problem, extra={"fields": {"node": self.cfg.node_name}})
                 self.current = build(self.cfg, self.gpus, self.settings.mode, self.settings.placement, self.mounts,
-                                     self.link, self.metrics, self.settings.whole_gpus)
+                                     self.link, self.metrics.admission, self.settings.whole_gpus)
             except (UnitTooFine, ValueError) as exc:
                 log.error("cannot serve: %s", exc)
                 return EXIT_CONFIG

@@ -11,13 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from devplugin.app.node_daemon import KubeLink, NodeDaemon
 from devplugin.isolation.container_usage import ContainerGpuUse, container_use
 from devplugin.isolation.shim_files import ShimPaths
-
-if TYPE_CHECKING:
-    from devplugin.app.node_daemon import KubeLink, NodeDaemon
 
 log = logging.getLogger(__name__)
 
