@@ -46,7 +46,7 @@ test: all helm e2e-bin realk8s-tools ray-venv
 
 # PyTorch (its CUDA 13.0 build, 3 GB) in a venv of its own, and the tests that run it under the shim over the fake
 # driver (tests/test_torch.py). Not part of `make test`: the download and install take 6 to 11 minutes on a cold
-# 2-core machine (README.md, "What a first run costs").
+# 2-core machine (docs/testing.md, "What a first run costs").
 TORCH_VENV := .venv-torch
 $(TORCH_VENV)/.installed: requirements-torch.txt
 	$(PYTHON) -m venv $(TORCH_VENV)
