@@ -30,10 +30,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from devplugin_sim.fake_apiserver_http import EVENTS, NODES, PODS, Request, Server
-from devplugin_sim.fake_apiserver_store import Store, merge_object
+from devplugin_sim.fake_apiserver_http import EVENTS, NODES, PODS, Server
+from devplugin_sim.fake_apiserver_state import Request, ServedState
+from devplugin_sim.fake_apiserver_store import merge_object
 
-__all__ = ["FakeApiserver", "Request"]
+__all__ = ["FakeApiserver"]
 DOWN_MODES = ("refuse", "reset", "503")
 
 
@@ -41,13 +42,8 @@ class FakeApiserver:
     """The fake apiserver; see the module docstring."""
 
     def __init__(self, bookmark_interval_s: float = 1.0) -> None:
-        self.store = Store()
-        self.bookmark_interval_s = bookmark_interval_s
-        self.requests: list[Request] = []
-        self.down_mode = ""
-        self._delay = 0.0
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        self.state = ServedState(bookmark_interval_s)
+        self.store = self.state.store
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="fake-apiserver-")
@@ -63,7 +59,7 @@ class FakeApiserver:
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> FakeApiserver:
-        self._server = Server(self)
+        self._server = Server(self.state)
         self.port = self._server.server_address[1]
         self._serve()
         Path(self.kubeconfig_path).write_text(json.dumps({
@@ -76,9 +72,9 @@ class FakeApiserver:
 
     def stop(self) -> None:
         if self._server is not None:
-            if self.down_mode != "refuse":
+            if self.state.down_mode != "refuse":
                 self._server.shutdown()
-            self.down_mode = "stopped"
+            self.state.down_mode = "stopped"
             self._drop_connections()
             self._server.server_close()
             self._server = None
@@ -114,7 +110,7 @@ class FakeApiserver:
             raise ValueError(f"down mode {mode!r} is not one of {DOWN_MODES}")
         assert self._server is not None, "start() the fake first"
         self.up()
-        self.down_mode = mode
+        self.state.down_mode = mode
         if mode == "refuse":
             self._server.shutdown()
             self._server.socket.close()
@@ -122,16 +118,16 @@ class FakeApiserver:
 
     def up(self) -> None:
         assert self._server is not None, "start() the fake first"
-        if self.down_mode == "refuse":
+        if self.state.down_mode == "refuse":
             self._server.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             self._server.server_bind()  # the same port: server_address holds it
             self._server.server_activate()
             self._serve()
-        self.down_mode = ""
+        self.state.down_mode = ""
 
     def delay(self, seconds: float) -> None:
         """Sleep this long before answering each request (0 to stop)."""
-        self._delay = max(0.0, float(seconds))
+        self.state.delay_s = max(0.0, float(seconds))
 
     def compact(self) -> None:
         """Every resourceVersion handed out so far becomes too old: watches from it (open ones too) get 410."""
@@ -142,9 +138,7 @@ class FakeApiserver:
         self.store.close_watches()
 
     def _drop_connections(self) -> None:
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
+        for conn in self.state.connections():
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -216,16 +210,6 @@ class FakeApiserver:
                     for e in self.store.objects[r].values()]
 
     def requests_matching(self, method: str, path_suffix: str, watch: bool | None = None) -> list[Request]:
-        with self._lock:
-            return [r for r in self.requests if r.method == method and r.path.endswith(path_suffix)
-                    and (watch is None or r.watch == watch)]
-
-    def _log(self, req: Request) -> None:
-        with self._lock:
-            self.requests.append(req)
-
-    def _track(self, conn: socket.socket, add: bool) -> None:
-        with self._lock:
-            (self._conns.add if add else self._conns.discard)(conn)
+        return self.state.requests_matching(method, path_suffix, watch)
 
 

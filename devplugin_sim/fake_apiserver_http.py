@@ -11,11 +11,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from devplugin_sim.fake_apiserver_state import Request, ServedState
 from devplugin_sim.fake_apiserver_store import (
     RESOURCES,
     ApiError,
@@ -26,30 +26,14 @@ from devplugin_sim.fake_apiserver_store import (
     parse_selector,
 )
 
-if TYPE_CHECKING:
-    from devplugin_sim.fake_apiserver import FakeApiserver
-
 PODS, NODES, EVENTS = ("", "pods"), ("", "nodes"), ("", "events")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request as the fake saw it."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-
-    @property
-    def watch(self) -> bool:
-        return self.query.get("watch") in ("true", "1")
 
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, fake: FakeApiserver) -> None:
-        self.fake = fake
+    def __init__(self, state: ServedState) -> None:
+        self.state = state
         super().__init__(("127.0.0.1", 0), Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -57,7 +41,7 @@ class Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if self.fake.down_mode == "reset":
+        if self.state.down_mode == "reset":
             request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             request.close()
             return
@@ -106,10 +90,10 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         # Headers and body go out in separate writes: without this, Nagle + delayed ACK add ~40 ms a response.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.fake._track(self.connection, True)
+        self.server.state.track(self.connection, True)
 
     def finish(self) -> None:
-        self.server.fake._track(self.connection, False)
+        self.server.state.track(self.connection, False)
         try:
             super().finish()
         except OSError:
@@ -131,11 +115,11 @@ class Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
     def _handle(self, method: str) -> None:
-        fake = self.server.fake
+        state = self.server.state
         url = urlsplit(self.path)
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         req = Request(method, url.path, query)
-        fake._log(req)
+        state.log(req)
         body: Any = None
         length = int(self.headers.get("Content-Length") or 0)
         if length:
@@ -144,9 +128,9 @@ class Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw)
             except ValueError:
                 return self._send(400, {**ApiError(400, "BadRequest", "body is not JSON").status()})
-        if fake._delay:
-            time.sleep(fake._delay)
-        if fake.down_mode == "503":
+        if state.delay_s:
+            time.sleep(state.delay_s)
+        if state.down_mode == "503":
             return self._send(503, ApiError(503, "ServiceUnavailable", "the apiserver is unavailable").status())
         try:
             if url.path in ("/healthz", "/readyz", "/livez"):
@@ -162,7 +146,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, ApiError(400, "BadRequest", f"bad request: {exc!r}").status())
 
     def _dispatch(self, method: str, path: str, query: dict[str, str], body: Any) -> None:
-        store = self.server.fake.store
+        store = self.server.state.store
         resource, ns, name, sub = _route(path)
         if sub in ("binding", "bindings"):
             if method != "POST":
@@ -208,7 +192,7 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) < 8 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods" or parts[7] != "proxy":
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         name, _, port = unquote(parts[6]).partition(":")
-        pod = self.server.fake.store.get(PODS, parts[4], name)
+        pod = self.server.state.store.get(PODS, parts[4], name)
         ip = (pod.get("status") or {}).get("podIP")
         if not ip or not port.isdigit():
             raise ApiError(503, "ServiceUnavailable", f"pod {name} has no IP, or port {port!r} is not a number")
@@ -250,13 +234,13 @@ class Handler(BaseHTTPRequestHandler):
             pod["metadata"].pop("resourceVersion", None)
             return pod
 
-        self.server.fake.store.update(PODS, ns, name, bind)
+        self.server.state.store.update(PODS, ns, name, bind)
         self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     # --- watch ----------------------------------------------------------------------------------------------------
     def _watch(self, resource: tuple[str, str], ns: str, fields: list, labels: list, query: dict[str, str]) -> None:
-        fake = self.server.fake
-        store = fake.store
+        state = self.server.state
+        store = state.store
         timeout = float(query.get("timeoutSeconds") or 0) or 3600.0
         deadline = time.monotonic() + timeout
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
@@ -278,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             for line in lines:
                 self._chunk(line)
-            next_bookmark = time.monotonic() + fake.bookmark_interval_s
+            next_bookmark = time.monotonic() + state.bookmark_interval_s
             gone = None
             while True:
                 with store.cond:
@@ -302,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
                 if bookmarks and time.monotonic() >= next_bookmark:
                     self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
                                                                 "metadata": {"resourceVersion": str(last)}}})
-                    next_bookmark = time.monotonic() + fake.bookmark_interval_s
+                    next_bookmark = time.monotonic() + state.bookmark_interval_s
             if gone is not None:
                 self._chunk({"type": "ERROR", "object": gone.status()})
             self.wfile.write(b"0\r\n\r\n")
