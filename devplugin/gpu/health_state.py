@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from devplugin.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -114,22 +114,10 @@ class HealthStore:
     def save(self, faults: Mapping[str, Fault]) -> bool:
         """Replace the file atomically with these faults; False (with a warning, once) when it cannot be written."""
         doc = {"version": FORMAT_VERSION, "gpus": {uuid: asdict(f) for uuid, f in sorted(faults.items())}}
-        tmp: str | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.directory)
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            tmp = None
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            # 0600: the daemon's own record, for no one else to read
+            write_atomically(self.path, json.dumps(doc, indent=1) + "\n", mode=0o600, sync_dir=True)
         except OSError as err:
             level = logging.DEBUG if self._save_failed else logging.WARNING
             self._save_failed = True
@@ -137,9 +125,6 @@ class HealthStore:
                     "--state-dir writable (a hostPath volume in the DaemonSet)", self.path, err,
                     extra={"fields": {"path": str(self.path)}})
             return False
-        finally:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
         self._save_failed = False
         return True
 
