@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from devplugin.inspect.dra_report import build_dra_report, is_quantity, quantity_int
+from devplugin.kube.command_client import add_kubeconfig_argument, command_client
 
 KEY = "largestGpuMemory"
 MiB, GiB = 1 << 20, 1 << 30
@@ -73,8 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write", action="store_true", help="set the ConfigMap's largestGpuMemory to the slices' figure")
     p.add_argument("--namespace", default="kube-system", help="the ConfigMap's namespace (the Helm release's)")
     p.add_argument("--configmap", default="gpushare-dra-limits", help="the ConfigMap's name")
-    p.add_argument("--kubeconfig", default="",
-                   help="kubeconfig (default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
+    add_kubeconfig_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,12 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes.client.rest import ApiException
 
     from devplugin.inspect.dra_read import read_dra
-    from devplugin.kube.client import KubeConfigError, load_api_client
 
-    try:
-        api = load_api_client(args.kubeconfig)
-    except KubeConfigError as exc:
-        sys.stderr.write(f"dra-limits: cannot load a kubeconfig: {exc}\n")
+    api = command_client(args.kubeconfig, "dra-limits")
+    if api is None:
         return 1
     core: Any = client.CoreV1Api(api)
     try:

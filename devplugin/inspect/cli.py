@@ -10,6 +10,7 @@ from devplugin.inspect.dra_layout import render_dra_text
 from devplugin.inspect.dra_report import DraReport, build_dra_report
 from devplugin.inspect.layout import render_text
 from devplugin.inspect.report import attach_use, build_report
+from devplugin.kube.command_client import add_kubeconfig_argument, command_client
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,21 +20,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-use", action="store_true",
                    help="allocation only: do not ask the node daemons what their containers use")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
-    p.add_argument("--kubeconfig", default="",
-                   help="kubeconfig (default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config)")
+    add_kubeconfig_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from kubernetes.client.rest import ApiException
 
     from devplugin.inspect.read import read_cluster
-    from devplugin.kube.client import KubeConfigError, load_api_client
 
-    try:
-        api = load_api_client(args.kubeconfig)
-    except KubeConfigError as exc:
-        hint = "" if args.kubeconfig else "; set KUBECONFIG or --kubeconfig"
-        sys.stderr.write(f"inspect: cannot load a kubeconfig: {exc}{hint}\n")
+    api = command_client(args.kubeconfig, "inspect", hint=True)
+    if api is None:
         return 1
     try:
         nodes, pods = read_cluster(api, args.node)
