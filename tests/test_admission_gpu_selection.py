@@ -7,8 +7,8 @@ import pytest
 
 from devplugin import contract as c
 from devplugin.scheduler.admission import validate
+from tests.allocation.test_gpu_selection import U1, U2
 from tests.scheduler_objects import container, pod
-from tests.test_gpu_selection import U1, U2
 
 
 @pytest.mark.parametrize(("annotations", "says"), [

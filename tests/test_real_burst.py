@@ -3,7 +3,7 @@ milliseconds, the extender's binds run in parallel, and each node's kubelet admi
 they reach it. Every container must get the GPU recorded for it, on one GPU, with the envs of its own record.
 Rounds where many pods ask the same amount matter most: a call's amount cannot tell them apart. On a loaded machine
 a container's pod lookup can outlast its budget: it is placed by node-local pairing and named later, and its record
-must still say all of what the kubelet gave it (tests/test_identity_lookup_timeout.py has that case
+must still say all of what the kubelet gave it (tests/allocation/test_identity_lookup_timeout.py has that case
 deterministically). And each container, from inside, sees exactly the GPU and slice of its record
 (tests/realk8s/inside.py)."""
 

@@ -17,10 +17,10 @@ from devplugin.allocation.units import Kind
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet import AdmissionError
+from tests.allocation.test_gpu_selection import A100, H100
+from tests.allocation.test_tenant_annotations import events
 from tests.daemon_harness import Running, running
 from tests.nodes import make_node
-from tests.test_gpu_selection import A100, H100
-from tests.test_tenant_annotations import events
 
 GPUS = [dataclasses.replace(g, name=A100 if g.index < 2 else H100) for g in seed_node(4, 15360)]
 

@@ -1,5 +1,6 @@
-"""Without an apiserver (node-local pairing under the kubelet emulator): defects of issue 14 (4 and 5), each a
-minimal reproduction."""
+"""Node-local pairing without an apiserver (the kubelet emulator): an init container's devices handed to the app
+container are recognised, fitting pods are admitted after a restart under a live kubelet, and a container asking for
+one resource is not paired with the next pod. Defects of issue 14 (4 and 5), each a minimal reproduction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Defects found when the daemon was tried as a new user would; each test failed before its fix."""
+"""What the node daemon knows of what its GPUs hold: units come back when pods end without an apiserver, Allocate
+rechecks a whole GPU, a late second call joins its container, a refused container is not matched again, a failed
+shim write takes nothing, and nothing is served before the kubelet's PodResources answers. Each test is a defect
+found when the daemon was tried as a new user would, and failed before its fix."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 node-local pairing is synced with PodResources once (its first call); its second call asks only which pods the
 kubelet lists (bench/real_admission.py: each read of the devices the kubelet lists, and the sync over them, is
 time on the kubelet's admission). With a pod cache the second call of a container placed by pairing still syncs
-(tests/test_identity_lookup_timeout.py: the sync names the container from its first resource's devices)."""
+(tests/allocation/test_identity_lookup_timeout.py: the sync names the container from its first resource's devices)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Defects found by bench/churn.py, each reduced to a minimal reproduction (all fixed)."""
+"""The node view follows the kubelet's PodResources without an apiserver: a whole-GPU pod's units come back when it
+ends, a read that began before an allocation forgets nothing, and a re-read frees the GPU of a short-lived pod.
+Each test is a defect found by bench/churn.py, reduced to a minimal reproduction (all fixed)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Tests of the allocator (devplugin/allocation/): units, the node view, placement, pod identity, node-local pairing, envs."""
