@@ -1,6 +1,6 @@
-"""What the allocator talks to, as plain types: what Allocate hands a container, and the interfaces of the pod
-cache, of PodResources entries and of whatever reports to the cluster. The kube layer implements them; tests pass
-stand-ins."""
+"""What the allocator talks to, as plain types: what Allocate hands a container, the interfaces of the pod cache,
+of PodResources entries and of whatever reports to the cluster, and the links every step of the allocation
+pipeline reads them through. The kube layer implements them; tests pass stand-ins."""
 
 from __future__ import annotations
 
@@ -69,6 +69,47 @@ class PodLookup(Protocol):
 
     def fetch_now(self, budget_s: float) -> list[PodRequest] | None:
         """One direct read of the node's pods within the budget; None when the apiserver did not answer."""
+
+
+# How a pod lookup ends, as Links.on_lookup is told: the cached pods named the container, a direct LIST did, the
+# apiserver answered but no pending container matches, or it did not answer within the budget (the last two place
+# by node-local pairing).
+LOOKUP_OUTCOMES = ("cache", "direct", "not_found", "no_answer")
+
+
+class Links(Protocol):
+    """What the steps of the allocation pipeline call out to, read when they call it: the daemon sets some of these
+    after the allocator is built (node_daemon.py), so the steps hold the allocator's links, not copies of them."""
+
+    @property
+    def lookup(self) -> PodLookup | None: ...  # the pod cache; None: containers are placed by node-local pairing
+    @property
+    def reporter(self) -> Reporter: ...
+    @property
+    def lookup_budget_s(self) -> float: ...
+    @property
+    def lookup_patience_s(self) -> float: ...
+    @property
+    def healthy(self) -> Callable[[str], bool]: ...
+    @property
+    def mounts(self) -> MountProvider | None: ...
+    @property
+    def resync(self) -> Callable[[], object] | None: ...
+    @property
+    def refresh(self) -> Callable[[], object] | None: ...
+    @property
+    def on_lookup(self) -> Callable[[str], object]: ...  # told one of LOOKUP_OUTCOMES
+    @property
+    def on_guess(self) -> Callable[[], object]: ...
+    @property
+    def read_kubelet(self) -> Callable[[], KubeletListing | None] | None: ...
+    @property
+    def read_pods(self) -> Callable[[], frozenset[tuple[str, str]] | None] | None: ...
+
+
+# The loggers the allocator's lines go to, whichever step writes them (operators filter on these names).
+ALLOCATOR_LOG = "devplugin.allocation.allocator"
+PAIRING_LOG = "devplugin.allocation.fallback"  # node-local pairing's lines
 
 
 class Reporter:
