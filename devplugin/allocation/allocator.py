@@ -13,7 +13,7 @@ directly. Each call goes through four steps, each in its own file, none returnin
 
 Beside them, the state they share: the node view (holdings.py) kept in step with the kubelet (view_sync.py), what
 the allocator remembers of the containers it admits (admissions.py), what a restarted kubelet forgot
-(readmission.py), node-local pairing's open decision (pairing.py) and recent sizes (placement.RecentShares). The
+(readmission.py), node-local pairing's open decision (pairing_book.py) and recent sizes (gpu_picks.RecentShares). The
 steps call out through the allocator's links (ports.Links), which the daemon wires after building it.
 
 All state changes happen under one lock (the kubelet serialises admissions anyway). Nothing is committed before
@@ -32,12 +32,12 @@ from devplugin.allocation.call_grant import CallGrant
 from devplugin.allocation.container_decision import ContainerDecision
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.errors import RequestError
+from devplugin.allocation.gpu_picks import RecentShares
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.idsets import group_ids
 from devplugin.allocation.node import Node
 from devplugin.allocation.paired_decision import PARTNER_MINIMUM, PairedDecision
-from devplugin.allocation.pairing import PairingBook
-from devplugin.allocation.placement import RecentShares
+from devplugin.allocation.pairing_book import PairingBook
 from devplugin.allocation.ports import (
     LOOKUP_OUTCOMES,
     Grant,

@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 from devplugin.allocation.decision import ContainerKey, Decision
 from devplugin.allocation.envs import call_envs, container_envs, shim_envs
 from devplugin.allocation.errors import PairingConflict, RequestError
+from devplugin.allocation.gpu_picks import RecentShares, pick_units
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.idsets import gpu_label, id_index
 from devplugin.allocation.kubelet_reads import handed_on
 from devplugin.allocation.node import Node
 from devplugin.allocation.paired_decision import Paired
-from devplugin.allocation.placement import RecentShares, pick_units
 from devplugin.allocation.ports import Grant, Links, MountSpec
 from devplugin.allocation.units import Kind, encode_id
 from devplugin.allocation.unreserved import cap

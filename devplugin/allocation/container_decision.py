@@ -1,10 +1,10 @@
 """Step 2 of the allocation pipeline: the container's decision, placed whole.
 
 A container the pod cache named (which_container.py) is placed at once, every resource it asks for on the same
-GPU(s): where an init container's devices are handed on to it; else where a scheduler chose (choice.py) or, without
-a choice, where a plan for the pod's app containers put it, when that GPU has room; else by the node's policy
-(planner.py). Every later call of the container is answered from this decision. A container nobody could name is
-decided by node-local pairing instead (paired_decision.py).
+GPU(s): where an init container's devices are handed on to it; else where a scheduler chose (scheduler_choice.py)
+or, without a choice, where a plan for the pod's app containers put it, when that GPU has room; else by the node's
+policy (container_placement.py). Every later call of the container is answered from this decision. A container
+nobody could name is decided by node-local pairing instead (paired_decision.py).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from devplugin.allocation.admissions import Admissions
-from devplugin.allocation.choice import Choice, scheduler_choice
+from devplugin.allocation.container_candidates import recorded_containers
 from devplugin.allocation.container_need import asked, need_of
+from devplugin.allocation.container_placement import Need, Room, place, plan_together
 from devplugin.allocation.decision import Decision, key_of
 from devplugin.allocation.errors import NoRoom, RequestError
 from devplugin.allocation.holdings import Holdings
-from devplugin.allocation.identity import recorded_containers
 from devplugin.allocation.node import Node
-from devplugin.allocation.planner import Need, Room, place, plan_together
 from devplugin.allocation.ports import ALLOCATOR_LOG, Links
 from devplugin.allocation.requests import ContainerRequest, PodRequest
+from devplugin.allocation.scheduler_choice import Choice, scheduler_choice
 from devplugin.allocation.selected_gpus import excluded_gpus
 from devplugin.allocation.units import Kind
 from devplugin.allocation.unreserved import cap

@@ -1,15 +1,15 @@
 """A container's request as the allocator serves it: its whole amounts, the units of each on each of its GPUs, and
-what it needs of a GPU to be placed there (planner.Need). Pure."""
+what it needs of a GPU to be placed there (container_placement.Need). Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from devplugin.allocation.container_placement import Need
 from devplugin.allocation.decision import key_of
 from devplugin.allocation.errors import RequestError
 from devplugin.allocation.node import Node
-from devplugin.allocation.planner import Need
 from devplugin.allocation.requests import ContainerRequest, PodRequest, PodRequestError, check_core, per_gpu_share
 from devplugin.allocation.units import Kind
 from devplugin.allocation.unreserved import MIN_UNRESERVED, reserves_none

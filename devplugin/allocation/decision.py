@@ -3,7 +3,7 @@
 A decision knows its container (pod UID, namespace, pod name, container name) when the pod cache found it; it
 then carries the container's whole request (gpu-mem, gpu-core.percentage, gpu-count) and the GPU(s) chosen for
 all of it before the first device is handed out. Without pod lookup (no apiserver) a decision is anonymous: its
-request grows as the kubelet calls each resource (node-local pairing, see pairing.py).
+request grows as the kubelet calls each resource (node-local pairing, see pairing_book.py).
 """
 
 from __future__ import annotations

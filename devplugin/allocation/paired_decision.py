@@ -1,5 +1,5 @@
 """Step 2 of the allocation pipeline for a container nobody could name (no pod cache, or no answer within the lookup
-budget): its decision by node-local pairing. The calls of one container are paired by arrival (pairing.py): a call
+budget): its decision by node-local pairing. The calls of one container are paired by arrival (pairing_book.py): a call
 that is the other half of the open decision joins it and must land on its GPU; a first half is placed by the
 node's policy, keeping room for a second half of recent size; gpu-count calls get whole GPUs nobody shares.
 """
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
+from devplugin.allocation.gpu_picks import RecentShares, pick_gpu, pick_whole_gpus
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.idsets import gpu_label
 from devplugin.allocation.kubelet_reads import kubelet_pods, listed_pods
 from devplugin.allocation.node import Node
-from devplugin.allocation.pairing import PairingBook
-from devplugin.allocation.placement import RecentShares, pick_gpu, pick_whole_gpus
+from devplugin.allocation.pairing_book import PairingBook
 from devplugin.allocation.ports import PAIRING_LOG, Links
 from devplugin.allocation.units import CORE_STEP, CORE_UNITS_PER_GPU, Kind
 from devplugin.allocation.unreserved import MIN_UNRESERVED, advice, reserves_none

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from devplugin.allocation.admissions import Admissions
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.errors import RequestError
+from devplugin.allocation.gpu_picks import RecentShares
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.kubelet_reads import kubelet_pods
 from devplugin.allocation.node import Node
 from devplugin.allocation.paired_decision import Paired
-from devplugin.allocation.pairing import PairingBook
-from devplugin.allocation.placement import RecentShares
+from devplugin.allocation.pairing_book import PairingBook
 from devplugin.allocation.ports import ALLOCATOR_LOG, Grant, Links
 from devplugin.allocation.units import Kind
 

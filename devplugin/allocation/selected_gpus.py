@@ -1,6 +1,6 @@
 """The node daemon's side of a pod's GPU selection (gpu_selection.py): which of this node's GPUs the pod excludes.
 
-Read from the pod the daemon found for the container being admitted (identity.py); a container placed by
+Read from the pod the daemon found for the container being admitted (container_candidates.py); a container placed by
 node-local pairing, without its pod, is placed without it (docs/guide/modes.md). Pure: no I/O.
 """
 

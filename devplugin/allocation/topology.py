@@ -1,12 +1,12 @@
 """Which of the GPUs that could hold a multi-GPU container to take: NVLink first, then one NUMA node, then any.
 
-One rule for the node daemon (planner.place, GetPreferredAllocation) and the scheduler extender (fit): among the
-candidate GPUs (those that fit and may be used, chosen by the caller), take `need` GPUs of one NVLink island when
-some island has that many; else of one NUMA node; else the best by the node's policy wherever they are. Within a
-level the node's placement policy breaks ties: first the GPUs it ranks best (binpack: least room left, spread: most;
-whole GPUs all rank alike), then, binpack, the group with the fewest candidates (a tight fit keeps the larger
-islands whole for larger requests), spread the group with the most, then the lowest GPU index. Pure; the texts
-name GPUs by index and say why for the GPUAssigned Event.
+One rule for the node daemon (container_placement.place, GetPreferredAllocation) and the scheduler extender (fit):
+among the candidate GPUs (those that fit and may be used, chosen by the caller), take `need` GPUs of one NVLink
+island when some island has that many; else of one NUMA node; else the best by the node's policy wherever they are.
+Within a level the node's placement policy breaks ties: first the GPUs it ranks best (binpack: least room left,
+spread: most; whole GPUs all rank alike), then, binpack, the group with the fewest candidates (a tight fit keeps the
+larger islands whole for larger requests), spread the group with the most, then the lowest GPU index. Pure; the
+texts name GPUs by index and say why for the GPUAssigned Event.
 """
 
 from __future__ import annotations

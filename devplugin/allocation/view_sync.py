@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from devplugin.allocation.admissions import Admissions
+from devplugin.allocation.container_candidates import recorded_containers
 from devplugin.allocation.decision import ContainerKey, state_dir_name
 from devplugin.allocation.errors import NoRoom
+from devplugin.allocation.gpu_picks import RecentShares
 from devplugin.allocation.holdings import Holding, Holdings
-from devplugin.allocation.identity import recorded_containers
 from devplugin.allocation.idsets import group_ids, id_index
 from devplugin.allocation.node import Node
-from devplugin.allocation.pairing import PairingBook
-from devplugin.allocation.placement import RecentShares
+from devplugin.allocation.pairing_book import PairingBook
 from devplugin.allocation.ports import ALLOCATOR_LOG, HeldDevices, Links
 from devplugin.allocation.readmission import Readmission
 from devplugin.allocation.requests import PodRequest

@@ -2,9 +2,9 @@
 
 The kubelet's calls carry no pod identity. A call is for the container being admitted now when its decision still
 expects this resource (confirmed, or re-keyed to the container that really holds its first resource, from the
-kubelet's PodResources); otherwise for a container the pod cache names (identity.py), the app container an init
-container's devices are handed on to included; or for a container nobody can name in time, placed by node-local
-pairing (paired_decision.py). Nothing here places anything.
+kubelet's PodResources); otherwise for a container the pod cache names (container_candidates.py), the app container
+an init container's devices are handed on to included; or for a container nobody can name in time, placed by
+node-local pairing (paired_decision.py). Nothing here places anything.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from devplugin.allocation.admissions import Admissions
+from devplugin.allocation.container_candidates import candidates, next_app_container
 from devplugin.allocation.container_need import asked
 from devplugin.allocation.decision import ContainerKey, Decision, key_of
 from devplugin.allocation.errors import PairingConflict, RequestError
 from devplugin.allocation.holdings import Holdings
-from devplugin.allocation.identity import candidates, next_app_container
 from devplugin.allocation.idsets import gpu_label
 from devplugin.allocation.node import Node
-from devplugin.allocation.pairing import PairingBook
+from devplugin.allocation.pairing_book import PairingBook
 from devplugin.allocation.ports import ALLOCATOR_LOG, Links
 from devplugin.allocation.readmission import Readmission
 from devplugin.allocation.requests import ContainerRequest, PodRequest

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from devplugin import contract as c
+from devplugin.allocation.container_candidates import own_record
 from devplugin.allocation.decision import Decision
 from devplugin.allocation.holdings import Holding, Holdings
-from devplugin.allocation.identity import own_record
 from devplugin.allocation.node import Node
 from devplugin.allocation.ports import Reporter
 from devplugin.allocation.requests import PodRequest

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from devplugin import contract as c
+from devplugin.allocation.container_placement import Need, Room, place, plan_together
 from devplugin.allocation.errors import NoRoom, RequestError
-from devplugin.allocation.planner import Need, Room, place, plan_together
 from devplugin.allocation.selected_gpus import excluded_gpus
 from devplugin.allocation.units import Kind
 from devplugin_sim.fake_apiserver import FakeApiserver

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.errors import NoRoom, PairingConflict
-from devplugin.allocation.placement import pick_gpu, pick_units
+from devplugin.allocation.gpu_picks import pick_gpu, pick_units
 from devplugin.allocation.units import Kind
 from tests.nodes import MiniKubelet, make_node, shuffled
 

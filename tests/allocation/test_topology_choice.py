@@ -1,6 +1,6 @@
 """Multi-GPU placement prefers one NVLink island, then one NUMA node, then anything, with the node's policy as the
 tie-breaker; always a valid placement, never worse than first-fit in island locality, never on a GPU that may not
-be used. The rule (devplugin/allocation/topology.py) and the node daemon's use of it (planner.place and
+be used. The rule (devplugin/allocation/topology.py) and the node daemon's use of it (container_placement.place and
 GetPreferredAllocation for whole GPUs)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devplugin.allocation.allocator import Allocator
+from devplugin.allocation.container_placement import Need, Room, place
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.node import Node
-from devplugin.allocation.planner import Need, Room, place
 from devplugin.allocation.topology import ANY, NUMA, NVLINK, Where, choose, describe
 from devplugin.allocation.units import Kind, MemUnit, decode_id, encode_id
 from devplugin.gpu.device import GPU
@@ -89,7 +89,7 @@ def test_two_gpu_shares_land_in_one_island_too() -> None:
 
 
 def test_a_scheduler_choice_is_honoured_and_explained() -> None:
-    from devplugin.allocation.choice import Choice
+    from devplugin.allocation.scheduler_choice import Choice
 
     node = islands_node()
     room = Room(node, Holdings(node), lambda u: True, Kind.COUNT, {f"GPU-{i}": {"x"} for i in range(8)})

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from devplugin.allocation.choice import Choice
 from devplugin.allocation.errors import NoRoom
 from devplugin.allocation.holdings import Holdings
 from devplugin.allocation.node import Node
+from devplugin.allocation.scheduler_choice import Choice
 from devplugin.allocation.topology import choose_on, describe_on
 from devplugin.allocation.units import Kind
 from devplugin.allocation.unreserved import advice

@@ -7,7 +7,7 @@ the order they reached the node (the order the pod watch showed them bound here;
 it: binds run in parallel), then within a pod init containers, then app containers, each in spec order.
 
 That is a guess when several containers ask alike (a burst): the allocator then takes the exact identity from the
-kubelet's PodResources as soon as the kubelet lists the container (allocator.py).
+kubelet's PodResources as soon as the kubelet lists the container (which_container.py).
 """
 
 from __future__ import annotations
