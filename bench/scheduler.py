@@ -223,7 +223,7 @@ def over_https(nodes: int, calls: int) -> int:
 
     from bench.common import REPO, stop
     from devplugin_sim.fake_apiserver import FakeApiserver
-    from tests.tls_certs import make_ca, make_leaf
+    from tests.scheduler.tls_certs import make_ca, make_leaf
 
     GC.ours = False
     rng = random.Random(7)

@@ -6,7 +6,7 @@ pods each). Three kinds of callers:
 
 - the flood: --flood-connections anonymous connections (40 by default, as many reviews as the service once ran
   at once) from 127.0.0.1, spread over --flood-processes processes, each posting the worst bodies a tenant can
-  (tests/review_bodies.py) back to back, in turn: a review of a pod of 36,000 containers (3.9 MiB), of one
+  (tests/scheduler/review_bodies.py) back to back, in turn: a review of a pod of 36,000 containers (3.9 MiB), of one
   container with 70,000 reserved env names, and the most expensive review the limits let through (1,000
   containers, 17,000 reserved env names, an annotation filling 3.9 MiB);
 - the apiserver, from 127.0.0.2: a review of an ordinary GPU pod every 50 ms (with --auth cert it presents its
@@ -55,9 +55,9 @@ from bench.common import REPO, percentile, stop  # noqa: E402
 from bench.scheduler import GPUS, UNITS, cluster  # noqa: E402
 from devplugin.contract import ANN_ALLOCATED, PodAssignment  # noqa: E402
 from devplugin_sim.fake_apiserver import FakeApiserver  # noqa: E402
-from tests import review_bodies  # noqa: E402
+from tests.scheduler import review_bodies  # noqa: E402
+from tests.scheduler.tls_certs import make_ca, make_leaf  # noqa: E402
 from tests.scheduler_objects import container, node, pod  # noqa: E402
-from tests.tls_certs import make_ca, make_leaf  # noqa: E402
 
 BODY = int(3.9 * (1 << 20))
 TIMEOUT_S = 5.0  # the shipped webhooks' timeoutSeconds; kube-scheduler's extender httpTimeout is 10 s

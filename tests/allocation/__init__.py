@@ -1,1 +1,2 @@
-"""Tests of the allocator (devplugin/allocation/): units, the node view, placement, pod identity, node-local pairing, envs."""
+"""Tests of the allocator (devplugin/allocation/): units, the node view, placement, pod identity, node-local
+pairing, envs."""

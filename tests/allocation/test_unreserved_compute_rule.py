@@ -25,9 +25,9 @@ from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.room import GpuRoom
 from devplugin.scheduler.state import ClusterState
 from tests.nodes import MiniKubelet, make_node
+from tests.scheduler.test_extender import FakeCluster
+from tests.scheduler.test_http import review
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_extender import FakeCluster
-from tests.test_scheduler_http import review
 
 with warnings.catch_warnings():  # Starlette's note about the HTTP library under its test client
     warnings.simplefilter("ignore")

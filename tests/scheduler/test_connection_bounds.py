@@ -2,7 +2,7 @@
 that sends half a request, or nothing, is closed once its deadline passes; one address cannot hold more than its
 share of connections; a flood from many addresses churns among itself; and the apiserver's review is answered all
 along. An idle kept-alive connection is still kept past the request deadline (its callers reuse idle connections
-for up to 90 s: tests/test_scheduler_keep_alive.py)."""
+for up to 90 s: tests/scheduler/test_keep_alive.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.service import KEEP_ALIVE_S, SERVICE_BOUNDS, server_config
 from devplugin.scheduler.state import ClusterState
 from tests.daemon_harness import _until
+from tests.scheduler.test_extender import FakeCluster
+from tests.scheduler.test_http import review
+from tests.scheduler.uvicorn_thread import serving_on_a_free_port
 from tests.scheduler_objects import node, pod
 from tests.test_node_http_flood import HALF_SENT, closed_by_peer, half_sent
-from tests.test_scheduler_extender import FakeCluster
-from tests.test_scheduler_http import review
-from tests.uvicorn_thread import serving_on_a_free_port
 
 SMALL = Bounds(max_connections=16, max_per_client=4, request_timeout_s=1.0, keep_alive_s=KEEP_ALIVE_S,
                max_head_bytes=16384)

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from devplugin_sim.fake_apiserver import FakeApiserver
+from tests.scheduler.test_cluster import wait_for
+from tests.scheduler.tls_certs import make_ca, make_leaf
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_cluster import wait_for
-from tests.tls_certs import make_ca, make_leaf
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 

@@ -20,8 +20,8 @@ from devplugin_sim.demo_cluster import NAMESPACE, NODE, DemoCluster
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
+from tests.scheduler.test_cluster import wait_for
 from tests.scheduler_objects import CORE, MEM, bind
-from tests.test_scheduler_cluster import wait_for
 
 
 @pytest.fixture()

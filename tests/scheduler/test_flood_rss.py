@@ -21,14 +21,14 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests import review_bodies
+from tests.scheduler import review_bodies
+from tests.scheduler.test_cluster import wait_for
+from tests.scheduler.test_service import free_port
+from tests.scheduler.tls_certs import make_ca, make_leaf
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_cluster import wait_for
-from tests.test_scheduler_service import free_port
-from tests.tls_certs import make_ca, make_leaf
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BODY = int(3.9 * (1 << 20))
 
 

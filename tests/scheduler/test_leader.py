@@ -14,8 +14,8 @@ from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.leader import LeaderElector
 from devplugin.scheduler.state import ClusterState
 from devplugin_sim.fake_apiserver import FakeApiserver
+from tests.scheduler.test_cluster import wait_for
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_cluster import wait_for
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -20,10 +20,10 @@ from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.review_gate import Busy, GateSettings, ReviewGate
 from devplugin.scheduler.service import server_config
 from devplugin.scheduler.state import ClusterState
+from tests.scheduler.test_extender import FakeCluster
+from tests.scheduler.test_http import review
+from tests.scheduler.uvicorn_thread import serving_on_a_free_port
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_extender import FakeCluster
-from tests.test_scheduler_http import review
-from tests.uvicorn_thread import serving_on_a_free_port
 
 # --- the gate alone -----------------------------------------------------------------------------------------------
 

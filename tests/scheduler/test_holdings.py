@@ -21,8 +21,8 @@ from devplugin.contract import (
 from devplugin.scheduler import admission
 from devplugin.scheduler.extender import BindError, bind, filter_nodes
 from devplugin.scheduler.state import ClusterState
+from tests.scheduler.test_extender import FakeCluster, state_with
 from tests.scheduler_objects import container, node, pod
-from tests.test_scheduler_extender import FakeCluster, state_with
 
 
 def whole(*indices: int) -> str:

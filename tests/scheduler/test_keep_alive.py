@@ -12,10 +12,10 @@ import time
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.service import KEEP_ALIVE_S, server_config
 from devplugin.scheduler.state import ClusterState
+from tests.scheduler.test_extender import FakeCluster
+from tests.scheduler.test_http import review
+from tests.scheduler.uvicorn_thread import serving_on_a_free_port
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_extender import FakeCluster
-from tests.test_scheduler_http import review
-from tests.uvicorn_thread import serving_on_a_free_port
 
 UVICORN_DEFAULT_KEEP_ALIVE_S = 5  # what the service answered with before: the idle below outlasts it
 

@@ -23,7 +23,7 @@ from devplugin.scheduler.models import (
     NodeListObject,
 )
 from devplugin.scheduler.state import ClusterState
-from tests.scheduler_answers_before import filter_before, preempt_before, prioritize_before
+from tests.scheduler.answers_before import filter_before, preempt_before, prioritize_before
 from tests.scheduler_objects import container, node, pod
 
 USAGE_TIME = 50  # records at 10 are in the usage, records at 100 are not yet

@@ -14,9 +14,9 @@ with warnings.catch_warnings():  # Starlette's note about the HTTP library under
 
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.state import ClusterState
+from tests.scheduler.test_extender import FakeCluster, held
+from tests.scheduler.test_http import review
 from tests.scheduler_objects import container, node, pod
-from tests.test_scheduler_extender import FakeCluster, held
-from tests.test_scheduler_http import review
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

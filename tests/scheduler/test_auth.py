@@ -19,11 +19,11 @@ import pytest
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.service import server_config
 from devplugin.scheduler.state import ClusterState
+from tests.scheduler.test_extender import FakeCluster
+from tests.scheduler.test_http import review
+from tests.scheduler.tls_certs import make_ca, make_leaf
+from tests.scheduler.uvicorn_thread import serving_on_a_free_port
 from tests.scheduler_objects import node, pod
-from tests.test_scheduler_extender import FakeCluster
-from tests.test_scheduler_http import review
-from tests.tls_certs import make_ca, make_leaf
-from tests.uvicorn_thread import serving_on_a_free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 

@@ -1,0 +1,1 @@
+"""Tests of the scheduler extender and its webhooks (devplugin/scheduler/)."""
