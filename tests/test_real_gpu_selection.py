@@ -16,7 +16,8 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from devplugin import contract as c
-from tests.realk8s.cluster import Cluster, Spec, namespace_for_test, node_gpus, running
+from tests.realk8s.cluster import Cluster, Spec, node_gpus, running
+from tests.realk8s.loopback import namespace_for_test
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, unschedulable, wait_pods
 
 pytestmark = pytest.mark.realk8s

@@ -13,8 +13,9 @@ import pytest
 
 from devplugin import contract as c
 from devplugin_sim.mig_layouts import mig_node
-from tests.realk8s.cluster import COUNT, MEM, Cluster, Spec, namespace_for_test, running
+from tests.realk8s.cluster import COUNT, MEM, Cluster, Spec, running
 from tests.realk8s.inside import GiB, MiB, View
+from tests.realk8s.loopback import namespace_for_test
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, wait_pods
 
 pytestmark = pytest.mark.realk8s

@@ -15,7 +15,8 @@ import pytest
 
 from devplugin import contract as c
 from devplugin_sim.fake_driver import nvlink_node
-from tests.realk8s.cluster import Cluster, Spec, namespace_for_test, running
+from tests.realk8s.cluster import Cluster, Spec, running
+from tests.realk8s.loopback import namespace_for_test
 from tests.realk8s.podspecs import Ask, pod, settled_and_recorded, wait_pods
 
 pytestmark = pytest.mark.realk8s

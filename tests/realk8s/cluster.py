@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import ssl
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,28 +46,37 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 from devplugin_sim.mig_layouts import served_mib
 from tests.realk8s import books, kubeconfigs, manifests, product_image, product_pods
 from tests.realk8s.agent import NodeAgent, cleanup_node
-from tests.realk8s.apiserver import apiserver_flags, start_etcd
-from tests.realk8s.binaries import E2E_BIN
+from tests.realk8s.apiserver import start_etcd
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
+from tests.realk8s.loopback import (
+    BIN,
+    SHIM_LIB,
+    admin_client,
+    apiserver,
+    component_logs,
+    delete_pods,
+    healthy,
+    https_get,
+    missing_binaries,
+    namespace_for_test,
+    new_namespace,
+    ready_and_untainted,
+    running_in_tmp,
+)
 from tests.realk8s.node_runtime import NodeRuntime
 from tests.realk8s.pod_access import PodAccess
 from tests.realk8s.podnetwork import PodNetwork
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
-REPO = manifests.REPO
-SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"
-BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))  # REALK8S_BIN: binaries built elsewhere
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "containershim",
             "serviceproxy")
 MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
 ANN_ALLOCATED = "gpushare.io/allocated"
-NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # On top of kube-apiserver's default admission plugins (NamespaceLifecycle, ServiceAccount, TaintNodesByCondition,
 # Priority, DefaultTolerationSeconds, ResourceQuota, PodSecurity, the webhooks, ...): NodeRestriction, so a node
 # agent may change only its own Node's status and its own pods, as a kubelet. The not-ready taint (the node
@@ -112,22 +118,6 @@ class Spec:
             raise ValueError(f"Spec.node_layouts has {len(self.node_layouts)} layouts for {self.nodes} nodes: "
                              "give one per node")
         return list(self.node_layouts[index])
-
-
-def missing_binaries() -> list[str]:
-    return [b for b in BINARIES if not (BIN / b).exists()]
-
-
-def _https_get(url: str, ca: Path | None, client: Pair | None = None, timeout: float = 3.0) -> tuple[int, bytes]:
-    """GET over TLS checked against `ca` (None: kube-scheduler's self-signed serving certificate, not checked)."""
-    if ca is None:
-        ctx = ssl._create_unverified_context()
-    else:
-        ctx = ssl.create_default_context(cafile=str(ca))
-    if client is not None:
-        ctx.load_cert_chain(str(client.cert), str(client.key))
-    with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
-        return resp.status, resp.read()
 
 
 def node_gpus(node: str, count: int, memory_mib: int) -> list[FakeGPU]:
@@ -227,7 +217,7 @@ class Cluster(PodAccess):
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> Cluster:
-        missing = missing_binaries()
+        missing = missing_binaries(BINARIES)
         if missing:
             raise ComponentFailed(f"missing {', '.join(missing)} in {BIN}: run `make e2e-bin` (the first build of "
                                   "Kubernetes takes about 5 minutes on 2 cores)")
@@ -264,32 +254,16 @@ class Cluster(PodAccess):
         self.procs["etcd"] = etcd
 
     def _start_apiserver(self, pki: Pki, sa: Pair) -> None:
-        self.api_port = free_port()
-        self.server = f"https://127.0.0.1:{self.api_port}"
-        serving = pki.issue("apiserver", "kube-apiserver", server=True, ips=("127.0.0.1", "10.0.0.1"),
-                            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"))
-        self.admin_cert = pki.issue("admin", "realk8s-admin", orgs=("system:masters",))
-        self.admin = kubeconfigs.write(pki.dir / "admin.kubeconfig", self.server, pki.ca.cert, "admin",
-                                       cert=self.admin_cert)
-        cmd = [str(BIN / "kube-apiserver"), *apiserver_flags(self.etcd_url, self.api_port, sa),
-               f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
-               f"--client-ca-file={pki.ca.cert}", f"--cert-dir={self.root / 'apiserver'}",
-               "--authorization-mode=Node,RBAC",
-               f"--enable-admission-plugins={','.join(EXTRA_ADMISSION_PLUGINS)}" if EXTRA_ADMISSION_PLUGINS else "",
-               "--v=1"]
-        cmd = [a for a in cmd if a]
-        api = self._proc("kube-apiserver", cmd)
+        a = apiserver(pki, sa, self.etcd_url, self.root / "apiserver", EXTRA_ADMISSION_PLUGINS)
+        self.api_port, self.server, self.admin, self.admin_cert = a.port, a.server, a.admin, a.admin_cert
+        api = self._proc("kube-apiserver", a.cmd)
         api.start()
-        api.wait_until(lambda: _https_get(self.server + "/readyz", pki.ca.cert, self.admin_cert)[0] == 200,
-                       "ready (/readyz)", timeout=90)
+        api.wait_until(a.ready, "ready (/readyz)", timeout=90)
         self.api_client = self.new_client()
 
     def new_client(self, pool: int = 32) -> k8s.ApiClient:
         """An admin client of its own (its own connection pool)."""
-        cfg = k8s.Configuration()
-        k8s_config.load_kube_config(config_file=str(self.admin), client_configuration=cfg)
-        cfg.connection_pool_maxsize = pool
-        return k8s.ApiClient(cfg)
+        return admin_client(self.admin, pool)
 
     @property
     def core(self) -> k8s.CoreV1Api:
@@ -328,14 +302,14 @@ class Cluster(PodAccess):
         api.stop()
         time.sleep(down_s)
         api.start()
-        api.wait_until(lambda: _https_get(self.server + "/readyz", self.pki.ca.cert, self.admin_cert)[0] == 200,  # type: ignore[union-attr]
+        api.wait_until(lambda: https_get(self.server + "/readyz", self.pki.ca.cert, self.admin_cert)[0] == 200,  # type: ignore[union-attr]
                        "ready (/readyz) again", timeout=90)
 
     def start_extender(self) -> None:
         assert self.pki is not None
         ext = self.procs["devplugin-scheduler"]
         ext.start()
-        ext.wait_until(lambda: _https_get(self.extender_base + "/readyz", self.pki.ca.cert)[0] == 200,  # type: ignore[union-attr]
+        ext.wait_until(lambda: https_get(self.extender_base + "/readyz", self.pki.ca.cert)[0] == 200,  # type: ignore[union-attr]
                        "ready (/readyz)", timeout=60)
 
     def _start_scheduler(self, pki: Pki, extender: bool) -> None:
@@ -361,9 +335,7 @@ class Cluster(PodAccess):
                      "--bind-address=127.0.0.1", f"--secure-port={self.scheduler_port}", "--v=2"]
         self.extender_in_use = extender
         sched.start()
-        sched.wait_until(
-            lambda: _https_get(f"https://127.0.0.1:{self.scheduler_port}/healthz", None)[0] == 200,
-            "healthy", timeout=60)
+        sched.wait_until(lambda: healthy(self.scheduler_port), "healthy", timeout=60)
 
     def _start_nodes(self, pki: Pki) -> None:
         for i in range(self.spec.nodes):
@@ -438,7 +410,7 @@ class Cluster(PodAccess):
         deadline = time.monotonic() + 120
         while True:
             try:
-                if _https_get(self.extender_base + "/readyz", pki.ca.cert)[0] == 200:
+                if https_get(self.extender_base + "/readyz", pki.ca.cert)[0] == 200:
                     return
             except OSError:
                 pass
@@ -472,8 +444,7 @@ class Cluster(PodAccess):
             f"--service-account-private-key-file={sa.key}", f"--root-ca-file={pki.ca.cert}",
             "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.root / 'kcm'}", "--v=1"])
         kcm.start()
-        kcm.wait_until(lambda: _https_get(f"https://127.0.0.1:{port}/healthz", None)[0] == 200, "healthy",
-                       timeout=90)
+        kcm.wait_until(lambda: healthy(port), "healthy", timeout=90)
         expose = ([f"--expose=kube-system/devplugin-scheduler:443=127.0.0.1:{self.extender_port}"]
                   if self.spec.product_in_pods else [])  # the extender's Service, for kube-scheduler and the webhooks
         proxy = self._proc("serviceproxy", [
@@ -520,14 +491,10 @@ class Cluster(PodAccess):
 
         def serving() -> bool:
             n = self.core.read_node(node.name)
-            ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-            if ready and any(t.key == NOT_READY_TAINT for t in (n.spec.taints or [])):
-                taints = [t for t in n.spec.taints if t.key != NOT_READY_TAINT]
-                self.core.patch_node(node.name, {"spec": {"taints": [self.api_client.sanitize_for_serialization(t)
-                                                                     for t in taints]}})
+            if not ready_and_untainted(self.core, n):
                 return False
             alloc = n.status.allocatable or {}
-            return (ready and all(alloc.get(k) == v for k, v in want.items())
+            return (all(alloc.get(k) == v for k, v in want.items())
                     and "gpushare.io/gpus" in (n.metadata.annotations or {}))
 
         self._wait(serving, f"node {node.name} serving {want}", timeout, node)
@@ -568,22 +535,14 @@ class Cluster(PodAccess):
 
     # --- namespaces --------------------------------------------------------------------------------------------
     def namespace(self, prefix: str = "t") -> str:
-        """A fresh namespace with its default ServiceAccount (the service-account controller's job)."""
-        name = f"{prefix}-{os.urandom(3).hex()}"
-        self.core.create_namespace({"metadata": {"name": name}})
-        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
-        return name  # kube-root-ca.crt, which pods' service-account volumes read, comes from the CA publisher
+        """A fresh namespace with its default ServiceAccount (the service-account controller's job); kube-root-ca.crt,
+        which pods' service-account volumes read, comes from the CA publisher."""
+        return new_namespace(self.core, prefix)
 
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
         """Delete the namespace's pods (at once) and wait until no node agent holds any of them, and nothing of
         them is left on the nodes (containers, mounts, network namespaces, processes)."""
-        uids = {p.metadata.uid for p in self.core.list_namespaced_pod(ns).items}
-        for pod in self.core.list_namespaced_pod(ns).items:
-            try:
-                self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
-            except k8s.ApiException as exc:
-                if exc.status != 404:
-                    raise
+        uids = delete_pods(self.core, ns)
         self._wait(lambda: not any(p["namespace"] == ns for b in self.books().values() for p in b["pods"]),
                    f"pods of {ns} gone from the node agents", timeout)
         deadline = time.monotonic() + 30
@@ -595,8 +554,7 @@ class Cluster(PodAccess):
 
     # --- logs and teardown ---------------------------------------------------------------------------------------
     def logs(self, lines: int = 40) -> str:
-        parts = [f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items()]
-        parts += [f"===== {n.name}-agent ({n.agent.log_path}) =====\n{n.agent.tail(lines)}" for n in self.nodes]
+        parts = component_logs(self.procs, [(n.name, n.agent) for n in self.nodes], lines)
         if self.spec.product_in_pods:
             parts += self._product_pod_logs(lines)
         return "\n".join(parts)
@@ -635,21 +593,9 @@ class Cluster(PodAccess):
 
 
 # --- pytest fixtures -----------------------------------------------------------------------------------------
-KEEP_ENV = "REALK8S_KEEP"  # set: leave the cluster's directory (logs, certificates, etcd) in /tmp
-
-
-@contextmanager
-def running(spec: Spec | None = None) -> Iterator[Cluster]:
+def running(spec: Spec | None = None) -> AbstractContextManager[Cluster]:
     """A started cluster, stopped (every process group) and removed at the end."""
-    root = Path(tempfile.mkdtemp(prefix="rk-", dir="/tmp"))  # unix sockets need short paths
-    cluster = Cluster(root, spec or Spec())
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        if not os.environ.get(KEEP_ENV):
-            shutil.rmtree(root, ignore_errors=True)
+    return running_in_tmp("rk-", lambda root: Cluster(root, spec or Spec()))
 
 
 @pytest.fixture(scope="session")
@@ -664,18 +610,6 @@ def ns(realk8s: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the session's cluster for one test; its pods are deleted at the end, and the components'
     logs printed when the test failed."""
     yield from namespace_for_test(realk8s, request)
-
-
-def namespace_for_test(cluster: Cluster, request: pytest.FixtureRequest, prefix: str = "t", lines: int = 40,
-                   timeout: float = 60) -> Iterator[str]:
-    """The body of a namespace fixture for `cluster`: a fresh namespace, the components' last `lines` of logs
-    printed when the test failed, its pods deleted (within `timeout`) at the end."""
-    failed = request.session.testsfailed
-    name = cluster.namespace(prefix)
-    yield name
-    if request.session.testsfailed > failed:
-        print(cluster.logs(lines))
-    cluster.clear_namespace(name, timeout=timeout)
 
 
 @pytest.fixture

@@ -27,14 +27,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import ssl
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,32 +38,41 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from devplugin import contract
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU
 from tests.realk8s import kubeconfigs, manifests
 from tests.realk8s.agent import NodeAgent
-from tests.realk8s.apiserver import apiserver_flags, start_etcd
-from tests.realk8s.binaries import E2E_BIN
+from tests.realk8s.apiserver import start_etcd
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
 from tests.realk8s.cluster import node_gpus
+from tests.realk8s.loopback import (
+    BIN,
+    REPO,
+    SHIM_LIB,
+    admin_client,
+    apiserver,
+    component_logs,
+    delete_pods,
+    healthy,
+    missing_binaries,
+    namespace_for_test,
+    new_namespace,
+    ready_and_untainted,
+    running_in_tmp,
+)
 from tests.realk8s.node_runtime import NodeRuntime
 from tests.realk8s.pod_access import PodAccess
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
-BIN = Path(os.environ.get("REALK8S_BIN", str(E2E_BIN)))
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "nodeagent", "containershim",
             "stubdra")
-REPO = Path(__file__).resolve().parents[2]
-SHIM_LIB = REPO / "build" / "shim" / "libgpushare.so"  # `make native`
 COMPONENTS = [REPO / "deploy" / "components" / "dra" / f for f in ("deviceclasses.yaml", "claim-policies.yaml")] + [
     REPO / "deploy" / "components" / "dra-node" / f for f in ("rbac.yaml", "slice-policy.yaml", "daemonset.yaml")]
 PLUGIN_SA, PLUGIN_NS = "gpushare-dra-plugin", "kube-system"
 SHARE_CLASS, WHOLE_CLASS = "gpu.gpushare.io", "whole.gpu.gpushare.io"
 DRIVER = contract.DRA_DRIVER
 MODE_LABEL, MODE_DRA = contract.LABEL_ALLOCATION, contract.ALLOCATION_DRA  # a node's mode: device plugin or DRA
-NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 KCM_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller",
                    "root-ca-certificate-publisher-controller")  # the last: kube-root-ca.crt for pods' tokens
 
@@ -85,18 +90,6 @@ class DraSpec:
     toolkit_volume_mounts: bool = True  # the nodes' NVIDIA container toolkit: its secure setting
     # Per node (by index), the fake driver's GPUs when they are not `gpus` identical GPUs of `gpu_mib` (MIG, ...)
     node_layouts: tuple[tuple[FakeGPU, ...], ...] = ()
-
-
-def missing_binaries() -> list[str]:
-    return [b for b in BINARIES if not (BIN / b).exists()]
-
-
-def _https_ok(url: str, ca: Path | None, client: Pair | None = None) -> bool:
-    ctx = ssl._create_unverified_context() if ca is None else ssl.create_default_context(cafile=str(ca))
-    if client is not None:
-        ctx.load_cert_chain(str(client.cert), str(client.key))
-    with urllib.request.urlopen(url, context=ctx, timeout=3) as resp:
-        return bool(resp.status == 200)
 
 
 @dataclass
@@ -154,7 +147,7 @@ class DraCluster(PodAccess):
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> DraCluster:
-        missing = missing_binaries()
+        missing = missing_binaries(BINARIES)
         if missing:
             raise ComponentFailed(f"missing {', '.join(missing)} in {BIN}: run `make e2e-bin` (e2e/README.md has "
                                   "what a first build costs)")
@@ -182,24 +175,12 @@ class DraCluster(PodAccess):
         return proc
 
     def _start_apiserver(self, pki: Pki, sa: Pair, etcd_url: str) -> None:
-        port = free_port()
-        self.server = f"https://127.0.0.1:{port}"
-        serving = pki.issue("apiserver", "kube-apiserver", server=True, ips=("127.0.0.1", "10.0.0.1"),
-                            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"))
-        self.admin_cert = pki.issue("admin", "realk8s-admin", orgs=("system:masters",))
-        self.admin = kubeconfigs.write(pki.dir / "admin.kubeconfig", self.server, pki.ca.cert, "admin",
-                                       cert=self.admin_cert)
-        api = self._proc("kube-apiserver", [
-            str(BIN / "kube-apiserver"), *apiserver_flags(etcd_url, port, sa), f"--tls-cert-file={serving.cert}",
-            f"--tls-private-key-file={serving.key}", f"--client-ca-file={pki.ca.cert}",
-            f"--cert-dir={self.root / 'apiserver'}", "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction", "--v=1"])
+        a = apiserver(pki, sa, etcd_url, self.root / "apiserver", ("NodeRestriction",))
+        self.server, self.admin, self.admin_cert = a.server, a.admin, a.admin_cert
+        api = self._proc("kube-apiserver", a.cmd)
         api.start()
-        api.wait_until(lambda: _https_ok(self.server + "/readyz", pki.ca.cert, self.admin_cert),
-                       "ready (/readyz)", timeout=90)
-        cfg = k8s.Configuration()
-        k8s_config.load_kube_config(config_file=str(self.admin), client_configuration=cfg)
-        self.api_client = k8s.ApiClient(cfg)
+        api.wait_until(a.ready, "ready (/readyz)", timeout=90)
+        self.api_client = admin_client(self.admin)
 
     def _start_controller_manager(self, pki: Pki, sa: Pair) -> None:
         cert = pki.issue("kube-controller-manager", "system:kube-controller-manager")
@@ -213,7 +194,7 @@ class DraCluster(PodAccess):
             f"--service-account-private-key-file={sa.key}", f"--root-ca-file={pki.ca.cert}",
             "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.root / 'kcm'}", "--v=2"])
         kcm.start()
-        kcm.wait_until(lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", None), "healthy", timeout=90)
+        kcm.wait_until(lambda: healthy(port), "healthy", timeout=90)
 
     def _start_scheduler(self, pki: Pki) -> None:
         cert = pki.issue("kube-scheduler", "system:kube-scheduler")
@@ -240,7 +221,7 @@ class DraCluster(PodAccess):
         proc.cmd = [*(c for c in proc.cmd if c not in self._extra_flags.get(name, ())), *flags]
         self._extra_flags[name] = tuple(flags)
         proc.start()
-        proc.wait_until(lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", None), "healthy", timeout=90)
+        proc.wait_until(lambda: healthy(port), "healthy", timeout=90)
 
     def _start_nodes(self, pki: Pki) -> None:
         assert self.pki is not None
@@ -358,14 +339,7 @@ class DraCluster(PodAccess):
             if exc.status == 404:
                 return False
             raise
-        ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-        tainted = any(t.key == NOT_READY_TAINT for t in (n.spec.taints or []))
-        if ready and tainted:  # the node lifecycle controller's job (not among the controllers run here)
-            kept = [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints
-                    if t.key != NOT_READY_TAINT]
-            self.core.patch_node(name, {"spec": {"taints": kept}})
-            return False
-        return ready and not tainted
+        return ready_and_untainted(self.core, n)  # the lifecycle controller is not among the controllers run here
 
     def _wait(self, cond: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -390,30 +364,19 @@ class DraCluster(PodAccess):
 
     def namespace(self, prefix: str = "dra") -> str:
         """A fresh namespace with its default ServiceAccount (the service-account controller's job)."""
-        name = f"{prefix}-{os.urandom(3).hex()}"
-        self.core.create_namespace({"metadata": {"name": name}})
-        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
-        return name
+        return new_namespace(self.core, prefix)
 
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
         """Delete the namespace's pods and wait until no node agent holds them nor any claim of the namespace, and
         nothing of them is left on the nodes (containers, mounts, network namespaces, processes)."""
-        uids = {p.metadata.uid for p in self.core.list_namespaced_pod(ns).items}
-        for pod in self.core.list_namespaced_pod(ns).items:
-            try:
-                self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
-            except k8s.ApiException as exc:
-                if exc.status != 404:
-                    raise
+        uids = delete_pods(self.core, ns)
         self._wait(lambda: not any(p["namespace"] == ns for n in self.nodes for p in n.books()["pods"])
                    and not any(c["namespace"] == ns for n in self.nodes for c in n.claims()),
                    f"pods and claims of {ns} gone from the node agents", timeout)
         self._wait(lambda: not self.leftovers(uids), f"nothing of the pods of {ns} left on the nodes", 30)
 
     def logs(self, lines: int = 40) -> str:
-        parts = [f"===== {name} ({p.log}) =====\n{p.tail(lines)}" for name, p in self.procs.items()]
-        parts += [f"===== {n.name}-agent ({n.agent.log_path}) =====\n{n.agent.tail(lines)}" for n in self.nodes]
-        return "\n".join(parts)
+        return "\n".join(component_logs(self.procs, [(n.name, n.agent) for n in self.nodes], lines))
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -432,21 +395,9 @@ def cdi_specs(node: DraNode) -> list[dict[str, Any]]:
 
 
 # --- pytest fixtures -----------------------------------------------------------------------------------------
-KEEP_ENV = "REALK8S_KEEP"  # set: leave the cluster's directory (logs, certificates, etcd) in /tmp
-
-
-@contextmanager
-def running_dra(spec: DraSpec | None = None) -> Iterator[DraCluster]:
+def running_dra(spec: DraSpec | None = None) -> AbstractContextManager[DraCluster]:
     """A started DRA cluster, stopped (every process group) and removed at the end."""
-    root = Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))  # unix sockets need short paths
-    cluster = DraCluster(root, spec or DraSpec())
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        if not os.environ.get(KEEP_ENV):
-            shutil.rmtree(root, ignore_errors=True)
+    return running_in_tmp("dk-", lambda root: DraCluster(root, spec or DraSpec()))
 
 
 @pytest.fixture(scope="session")
@@ -461,9 +412,4 @@ def dra_cluster() -> Iterator[DraCluster]:
 def dra_ns(dra_cluster: DraCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the session's DRA cluster for one test; its pods are deleted at the end (and their claims
     unprepared), and the components' logs printed when the test failed."""
-    failed = request.session.testsfailed
-    name = dra_cluster.namespace()
-    yield name
-    if request.session.testsfailed > failed:
-        print(dra_cluster.logs())
-    dra_cluster.clear_namespace(name)
+    yield from namespace_for_test(dra_cluster, request, prefix="dra")

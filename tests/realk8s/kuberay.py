@@ -33,8 +33,9 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.realk8s import kubeconfigs, manifests
-from tests.realk8s.cluster import BIN, Cluster
+from tests.realk8s.cluster import Cluster
 from tests.realk8s.images import RAY_VENV
+from tests.realk8s.loopback import BIN
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
 
 MODULE = "github.com/ray-project/kuberay/ray-operator"
