@@ -41,26 +41,12 @@ from kubernetes import client as k8s
 
 from devplugin import contract
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU
-from tests.realk8s import kubeconfigs, manifests
+from tests.realk8s import kubeconfigs, loopback, manifests
 from tests.realk8s.agent import NodeAgent
 from tests.realk8s.apiserver import start_etcd
 from tests.realk8s.certs import Pair, Pki, make_pki, service_account_keys
 from tests.realk8s.cluster import node_gpus
-from tests.realk8s.loopback import (
-    BIN,
-    REPO,
-    SHIM_LIB,
-    admin_client,
-    apiserver,
-    component_logs,
-    delete_pods,
-    healthy,
-    missing_binaries,
-    namespace_for_test,
-    new_namespace,
-    ready_and_untainted,
-    running_in_tmp,
-)
+from tests.realk8s.loopback import BIN, REPO, SHIM_LIB
 from tests.realk8s.node_runtime import NodeRuntime
 from tests.realk8s.pod_access import PodAccess
 from tests.realk8s.processes import ComponentFailed, Proc, free_port
@@ -147,7 +133,7 @@ class DraCluster(PodAccess):
 
     # --- bring-up ------------------------------------------------------------------------------------------------
     def start(self) -> DraCluster:
-        missing = missing_binaries(BINARIES)
+        missing = loopback.missing_binaries(BINARIES)
         if missing:
             raise ComponentFailed(f"missing {', '.join(missing)} in {BIN}: run `make e2e-bin` (e2e/README.md has "
                                   "what a first build costs)")
@@ -175,12 +161,12 @@ class DraCluster(PodAccess):
         return proc
 
     def _start_apiserver(self, pki: Pki, sa: Pair, etcd_url: str) -> None:
-        a = apiserver(pki, sa, etcd_url, self.root / "apiserver", ("NodeRestriction",))
+        a = loopback.apiserver(pki, sa, etcd_url, self.root / "apiserver", ("NodeRestriction",))
         self.server, self.admin, self.admin_cert = a.server, a.admin, a.admin_cert
         api = self._proc("kube-apiserver", a.cmd)
         api.start()
         api.wait_until(a.ready, "ready (/readyz)", timeout=90)
-        self.api_client = admin_client(self.admin)
+        self.api_client = loopback.admin_client(self.admin)
 
     def _start_controller_manager(self, pki: Pki, sa: Pair) -> None:
         cert = pki.issue("kube-controller-manager", "system:kube-controller-manager")
@@ -194,7 +180,7 @@ class DraCluster(PodAccess):
             f"--service-account-private-key-file={sa.key}", f"--root-ca-file={pki.ca.cert}",
             "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.root / 'kcm'}", "--v=2"])
         kcm.start()
-        kcm.wait_until(lambda: healthy(port), "healthy", timeout=90)
+        kcm.wait_until(lambda: loopback.healthy(port), "healthy", timeout=90)
 
     def _start_scheduler(self, pki: Pki) -> None:
         cert = pki.issue("kube-scheduler", "system:kube-scheduler")
@@ -221,7 +207,7 @@ class DraCluster(PodAccess):
         proc.cmd = [*(c for c in proc.cmd if c not in self._extra_flags.get(name, ())), *flags]
         self._extra_flags[name] = tuple(flags)
         proc.start()
-        proc.wait_until(lambda: healthy(port), "healthy", timeout=90)
+        proc.wait_until(lambda: loopback.healthy(port), "healthy", timeout=90)
 
     def _start_nodes(self, pki: Pki) -> None:
         assert self.pki is not None
@@ -339,7 +325,7 @@ class DraCluster(PodAccess):
             if exc.status == 404:
                 return False
             raise
-        return ready_and_untainted(self.core, n)  # the lifecycle controller is not among the controllers run here
+        return loopback.ready_and_untainted(self.core, n)  # no node lifecycle controller among those run here
 
     def _wait(self, cond: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -364,19 +350,19 @@ class DraCluster(PodAccess):
 
     def namespace(self, prefix: str = "dra") -> str:
         """A fresh namespace with its default ServiceAccount (the service-account controller's job)."""
-        return new_namespace(self.core, prefix)
+        return loopback.new_namespace(self.core, prefix)
 
     def clear_namespace(self, ns: str, timeout: float = 60) -> None:
         """Delete the namespace's pods and wait until no node agent holds them nor any claim of the namespace, and
         nothing of them is left on the nodes (containers, mounts, network namespaces, processes)."""
-        uids = delete_pods(self.core, ns)
+        uids = loopback.delete_pods(self.core, ns)
         self._wait(lambda: not any(p["namespace"] == ns for n in self.nodes for p in n.books()["pods"])
                    and not any(c["namespace"] == ns for n in self.nodes for c in n.claims()),
                    f"pods and claims of {ns} gone from the node agents", timeout)
         self._wait(lambda: not self.leftovers(uids), f"nothing of the pods of {ns} left on the nodes", 30)
 
     def logs(self, lines: int = 40) -> str:
-        return "\n".join(component_logs(self.procs, [(n.name, n.agent) for n in self.nodes], lines))
+        return "\n".join(loopback.component_logs(self.procs, [(n.name, n.agent) for n in self.nodes], lines))
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -397,7 +383,7 @@ def cdi_specs(node: DraNode) -> list[dict[str, Any]]:
 # --- pytest fixtures -----------------------------------------------------------------------------------------
 def running_dra(spec: DraSpec | None = None) -> AbstractContextManager[DraCluster]:
     """A started DRA cluster, stopped (every process group) and removed at the end."""
-    return running_in_tmp("dk-", lambda root: DraCluster(root, spec or DraSpec()))
+    return loopback.running_in_tmp("dk-", lambda root: DraCluster(root, spec or DraSpec()))
 
 
 @pytest.fixture(scope="session")
@@ -412,4 +398,4 @@ def dra_cluster() -> Iterator[DraCluster]:
 def dra_ns(dra_cluster: DraCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the session's DRA cluster for one test; its pods are deleted at the end (and their claims
     unprepared), and the components' logs printed when the test failed."""
-    yield from namespace_for_test(dra_cluster, request, prefix="dra")
+    yield from loopback.namespace_for_test(dra_cluster, request, prefix="dra")
