@@ -1,7 +1,7 @@
 """Random admissions with churn on 8 x 80 GiB, through the kubelet emulator, checked against the kubelet's own
 view of held devices: false refusals, double allocations and split containers.
 
-The real daemon runs in-process (tests/daemon_harness.py, the path `devplugin serve` takes), once linked to the
+The real daemon runs in-process (tests/support/daemon_harness.py, the path `devplugin serve` takes), once linked to the
 fake apiserver (pods bound to the node, pod identity) and once without one (node-local pairing, the fallback).
 Each step may end running pods first (the kubelet frees their devices, then the pod leaves the apiserver), then
 admits one new pod: memory 1 to 40 GiB and core 5 to 60 % (a few ask for memory only or core only), and a few
@@ -46,7 +46,7 @@ from devplugin.allocation.units import decode_id  # noqa: E402
 from devplugin_sim.fake_apiserver import FakeApiserver  # noqa: E402
 from devplugin_sim.kubelet_results import AdmissionError, ContainerResult  # noqa: E402
 from devplugin_sim.pods import ContainerSpec, PodSpec  # noqa: E402
-from tests.daemon_harness import Running, pod_spec, running  # noqa: E402
+from tests.support.daemon_harness import Running, pod_spec, running  # noqa: E402
 
 GIB_PER_GPU = 80
 END_P = 0.55  # chance that a running pod ends before each admission (one more after a refusal)

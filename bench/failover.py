@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 from bench.common import REPO, percentile  # noqa: E402
 from devplugin_sim.fake_apiserver import FakeApiserver  # noqa: E402
 from tests.scheduler.tls_certs import make_ca, make_leaf  # noqa: E402
-from tests.scheduler_objects import node  # noqa: E402
+from tests.support.scheduler_objects import node  # noqa: E402
 
 
 def free_port() -> int:

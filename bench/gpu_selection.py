@@ -25,7 +25,7 @@ from bench.common import percentile  # noqa: E402
 from bench.scheduler import CPU_MS, cluster, timed  # noqa: E402
 from devplugin.contract import ANN_AVOID_GPU_UUID, ANN_NODE_GPUS, ANN_USE_GPU_MODEL  # noqa: E402
 from devplugin.scheduler import extender  # noqa: E402
-from tests.scheduler_objects import pod  # noqa: E402
+from tests.support.scheduler_objects import pod  # noqa: E402
 
 SELECTIONS = (
     ("no selection", {}, False),

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devplugin.scheduler.review_limits import DEFAULT_MAX_BODY  # noqa: E402
-from tests.scheduler_objects import container, pod  # noqa: E402
+from tests.support.scheduler_objects import container, pod  # noqa: E402
 
 ETCD_LIMIT = 1536 * 1024  # etcd's --max-request-bytes default: no stored pod is larger
 

@@ -21,7 +21,7 @@ the state, as the informer does; it prints pods per second. --sizes 1000,2500,50
 prioritize and preempt for several cluster sizes, and their cost per 1,000 nodes.
 
 --code DIR times the package found in DIR (a checkout of another commit, with devplugin/ and
-tests/scheduler_objects.py) with this same script: before and after a change in one run.
+tests/support/scheduler_objects.py) with this same script: before and after a change in one run.
 
 --https runs `devplugin scheduler` as its own process over HTTPS (TLS from openssl, state from its watches of a
 fake apiserver holding the same cluster) and times the calls as kube-scheduler and the apiserver make them:
@@ -56,7 +56,7 @@ from devplugin.scheduler import admission, extender  # noqa: E402
 from devplugin.scheduler.auth import ExtenderAuth, PeerNames  # noqa: E402
 from devplugin.scheduler.http import Service, build_app  # noqa: E402
 from devplugin.scheduler.state import ClusterState  # noqa: E402
-from tests.scheduler_objects import container, node, pod  # noqa: E402
+from tests.support.scheduler_objects import container, node, pod  # noqa: E402
 
 GPUS, UNITS, PODS_PER_NODE = 8, 80, 10
 CLIENT = ("127.0.0.1", 50000)

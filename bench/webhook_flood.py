@@ -57,7 +57,7 @@ from devplugin.contract import ANN_ALLOCATED, PodAssignment  # noqa: E402
 from devplugin_sim.fake_apiserver import FakeApiserver  # noqa: E402
 from tests.scheduler import review_bodies  # noqa: E402
 from tests.scheduler.tls_certs import make_ca, make_leaf  # noqa: E402
-from tests.scheduler_objects import container, node, pod  # noqa: E402
+from tests.support.scheduler_objects import container, node, pod  # noqa: E402
 
 BODY = int(3.9 * (1 << 20))
 TIMEOUT_S = 5.0  # the shipped webhooks' timeoutSeconds; kube-scheduler's extender httpTimeout is 10 s

@@ -6,14 +6,14 @@ import pytest
 
 from devplugin_sim.fake_apiserver import FakeApiserver
 
-# --- fake NVIDIA driver (fakes/nvml, devplugin_sim/fake_driver.py): fixtures in tests/fixtures_driver.py ---
-from tests.fixtures_driver import fake_nvml_lib, make_driver, seed_driver  # noqa: F401
-
 # --- end fake NVIDIA driver ---
 # --- real Kubernetes on loopback (tests/realk8s/cluster.py): the session's cluster, a namespace per test, and
 # clusters of a test's own ---
 from tests.realk8s.cluster import make_cluster, ns, realk8s  # noqa: F401
 from tests.realk8s.dra_cluster import dra_cluster, dra_ns  # noqa: F401
+
+# --- fake NVIDIA driver (fakes/nvml, devplugin_sim/fake_driver.py): fixtures in tests/support/fixtures_driver.py ---
+from tests.support.fixtures_driver import fake_nvml_lib, make_driver, seed_driver  # noqa: F401
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.cuda_runtime import GiB, MiB, a100_node, run, runtime_probe, start, until
+from tests.support.cuda_runtime import GiB, MiB, a100_node, run, runtime_probe, start, until
 
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "2g"}
 OOM = "cudaErrorMemoryAllocation"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.cuda_runtime import REPO, GiB, MiB, a100_node, until
+from tests.support.cuda_runtime import REPO, GiB, MiB, a100_node, until
 
 PROBE = REPO / "tests" / "cuda" / "cupy_probe.py"
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "2g"}

@@ -8,7 +8,7 @@ import pytest
 
 from devplugin_sim.kubelet import AdmissionError
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, running
 
 
 def pod(name: str, **limits: int) -> PodSpec:

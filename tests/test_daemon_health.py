@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.daemon_harness import CORE, COUNT, MEM, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, running
 
 
 def test_xid_marks_unhealthy_then_recovers() -> None:

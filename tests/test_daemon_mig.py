@@ -19,7 +19,7 @@ from devplugin_sim.fake_driver import FakeDriver, FakeGPU, load_in_process
 from devplugin_sim.kubelet import KubeletEmulator
 from devplugin_sim.mig_layouts import a100, mig_node
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, _until, config, pod_spec, running, short_dir, the_one_event
+from tests.support.daemon_harness import CORE, COUNT, MEM, _until, config, pod_spec, running, short_dir, the_one_event
 
 # mig_node(): two whole A100 80GB (80 GiB units each) and one split into 3g.40gb (39), 2g.20gb (19), 1g.10gb (9).
 ADVERTISED = {MEM: 80 + 80 + 39 + 19 + 9, CORE: 500, COUNT: 5}

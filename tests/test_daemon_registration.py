@@ -6,7 +6,7 @@ import os
 
 from devplugin.allocation.units import Kind
 from devplugin.deviceplugin.daemon import socket_name
-from tests.daemon_harness import CORE, COUNT, MEM, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, running
 
 
 def test_seed_node_allocatable() -> None:
@@ -62,7 +62,7 @@ def test_waits_for_a_missing_kubelet_then_registers() -> None:
     from devplugin.gpu.inventory import enumerate_gpus
     from devplugin_sim.fake_driver import FakeDriver, load_in_process, seed_node
     from devplugin_sim.kubelet import KubeletEmulator
-    from tests.daemon_harness import config, short_dir
+    from tests.support.daemon_harness import config, short_dir
 
     root = short_dir()
     load_in_process()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devplugin_sim.kubelet import AdmissionError
-from tests.daemon_harness import COUNT, running
+from tests.support.daemon_harness import COUNT, running
 from tests.test_daemon_admission import pod
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from devplugin import contract
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.daemon_harness import Running, running
+from tests.support.daemon_harness import Running, running
 
 REPO = Path(__file__).resolve().parents[1]
 BUILT_SHIM = REPO / "build" / "shim" / "libgpushare.so"

@@ -9,7 +9,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from tests.deploy_render import OVERLAYS, TOP_MANIFEST, overlay, overlay_text
+from tests.support.deploy_render import OVERLAYS, TOP_MANIFEST, overlay, overlay_text
 
 # The oldest Kubernetes the manifests support (the validating webhook's matchConditions are GA in 1.30) and the
 # newest schema kubernetes-validate ships.

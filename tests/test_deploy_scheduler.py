@@ -16,7 +16,7 @@ import yaml
 
 from devplugin import contract as c
 from devplugin.scheduler.http import EXTENDER_PREFIX
-from tests.deploy_render import DEPLOY, find, overlay, render_text, service_dns
+from tests.support.deploy_render import DEPLOY, find, overlay, render_text, service_dns
 from tests.test_deploy_render import validate
 from tests.test_rbac import PROGRAMS, REPO, client_uses, closure
 

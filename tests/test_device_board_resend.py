@@ -11,7 +11,7 @@ import time
 from devplugin.allocation.node import Node
 from devplugin.allocation.units import Kind, MemUnit
 from devplugin.deviceplugin.devices import SHARED, WHOLE, DeviceBoard
-from tests.nodes import make_gpus
+from tests.support.nodes import make_gpus
 
 
 def _next(board: DeviceBoard, kind: Kind, seen: int, timeout: float = 5) -> int:

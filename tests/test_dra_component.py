@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy_render import DEPLOY, render_text
+from tests.support.deploy_render import DEPLOY, render_text
 
 VERSIONS = ("1.34.0", kubernetes_validate.latest_version())
 EXAMPLES = DEPLOY / "examples" / "dra"

@@ -29,10 +29,10 @@ from devplugin.dra.publisher import SlicePublisher
 from devplugin.dra.slices import build_slices
 from devplugin.gpu.facts import GpuFacts
 from devplugin.kube.client import load_api_client
-from tests.deploy_render import DEPLOY, REPO
 from tests.dra.objects import GPUS
 from tests.realk8s import kubeconfigs
 from tests.realk8s.apiserver import bare_apiserver
+from tests.support.deploy_render import DEPLOY, REPO
 
 pytestmark = pytest.mark.realk8s
 COMPONENT = DEPLOY / "components" / "dra-node"

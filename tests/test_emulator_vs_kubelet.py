@@ -22,8 +22,8 @@ from devplugin.allocation.units import decode_id
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import AdmissionError, KubeletEmulator
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, short_dir
 from tests.realk8s.agent import NodeAgent, pod_manifest
+from tests.support.daemon_harness import CORE, COUNT, MEM, short_dir
 
 pytestmark = pytest.mark.realk8s
 

@@ -15,7 +15,7 @@ import pytest
 
 from devplugin_sim.driver_socket import DriverSocket
 from devplugin_sim.fake_driver import FakeDriver, library_dir
-from tests.shim_probe import gpus, require_built
+from tests.support.shim_probe import gpus, require_built
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 PROBE = [sys.executable, str(Path(__file__).with_name("driver_probe.py"))]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.shim_probe import FAKE_CUDA, REPO, make_node
+from tests.support.shim_probe import FAKE_CUDA, REPO, make_node
 
 PROBE = REPO / "tests" / "fake_cuda_tables_probe.py"
 CUDA_SUCCESS = 0

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.shim_probe import FAKE_CUDA, REPO, require_built
+from tests.support.shim_probe import FAKE_CUDA, REPO, require_built
 
 FAKES = REPO / "fakes" / "cuda"
 CUDA_ERROR_NOT_FOUND = 500

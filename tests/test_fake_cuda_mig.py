@@ -14,7 +14,18 @@ import pytest
 from devplugin import contract
 from devplugin_sim.fake_driver import FakeDriver
 from devplugin_sim.mig_layouts import mig_node
-from tests.shim_probe import BUILD, CUDA_SUCCESS, FAKE_CUDA, GiB, MiB, Node, next_step, require_built, run, start
+from tests.support.shim_probe import (
+    BUILD,
+    CUDA_SUCCESS,
+    FAKE_CUDA,
+    GiB,
+    MiB,
+    Node,
+    next_step,
+    require_built,
+    run,
+    start,
+)
 
 # Prints what CUDA enumerates: [{"name", "uuid" (hex of the 16 bytes), "total", "sms"}...], or {"rc"} on failure.
 _ENUMERATE = r"""

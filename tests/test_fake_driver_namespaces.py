@@ -23,8 +23,8 @@ import pytest
 from devplugin_sim.driver_socket import DriverSocket
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, library_dir, seed_uuid
 from tests import pid_namespaces
-from tests.cuda_runtime import runtime_probe
-from tests.shim_probe import TESTS, MiB, gpus, next_step, require_built, until
+from tests.support.cuda_runtime import runtime_probe
+from tests.support.shim_probe import TESTS, MiB, gpus, next_step, require_built, until
 
 OFFSET = 100000
 SIM = {"FAKE_CUDA_NS_PER_BLOCK": "1000", "FAKE_CUDA_QUEUE_US": "20000"}

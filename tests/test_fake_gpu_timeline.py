@@ -12,7 +12,7 @@ import pytest
 
 from devplugin_sim.fake_driver import FakeDriver
 from devplugin_sim.gpu_share import Container
-from tests.shim_probe import Node, go_on, go_on_together, gpus, next_step, require_built, start, until
+from tests.support.shim_probe import Node, go_on, go_on_together, gpus, next_step, require_built, start, until
 
 OFFSET = 100000
 SIM = {"FAKE_CUDA_NS_PER_BLOCK": "1000", "FAKE_CUDA_QUEUE_US": "20000"}

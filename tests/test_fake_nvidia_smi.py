@@ -9,8 +9,8 @@ from pathlib import Path
 
 from devplugin import contract
 from devplugin_sim.fake_driver import DEFAULT_HOST_PID_OFFSET, FakeDriver, FakeGPU, library_dir
-from tests.shim_probe import GiB, Node, start, until
-from tests.shim_probe import node as node  # the fixture: two 16 GiB GPUs
+from tests.support.shim_probe import GiB, Node, start, until
+from tests.support.shim_probe import node as node  # the fixture: two 16 GiB GPUs
 
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
              "latest NVIDIA driver is installed and running.")

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tests.cuda_runtime import a100_node
-from tests.shim_probe import BUILD, REPO
+from tests.support.cuda_runtime import a100_node
+from tests.support.shim_probe import BUILD, REPO
 
 SCRIPT = REPO / "scripts" / "gpu" / "runtime_devices.py"
 

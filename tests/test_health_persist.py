@@ -204,7 +204,7 @@ def test_an_unwritable_state_dir_warns_once_and_health_still_works(seed_driver, 
 
 
 def test_the_daemon_keeps_a_reset_xid_across_restart_until_the_marker() -> None:
-    from tests.daemon_harness import MEM, running, short_dir  # the whole daemon: only this test needs it
+    from tests.support.daemon_harness import MEM, running, short_dir  # the whole daemon: only this test needs it
 
     state = short_dir()
     try:

@@ -19,7 +19,7 @@ import yaml
 
 from devplugin.app.config import Config
 from devplugin.scheduler import service
-from tests.deploy_render import REPO, overlay, render_text
+from tests.support.deploy_render import REPO, overlay, render_text
 from tests.test_deploy_render import validate
 
 KUBE_VERSION = "1.30.0"

@@ -19,7 +19,7 @@ from threading import Thread
 import pytest
 
 from devplugin.app.health_server import health_server
-from tests.dockerfile_parse import Stage, copy_sources, parse
+from tests.support.dockerfile_parse import Stage, copy_sources, parse
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"

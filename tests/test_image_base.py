@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dockerfile_parse import copy_sources, global_args, parse
+from tests.support.dockerfile_parse import copy_sources, global_args, parse
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"

@@ -15,7 +15,7 @@ import yaml
 
 from devplugin.app.config import Config
 from devplugin.app.dra_config import DraConfig
-from tests.dockerfile_parse import Stage, copy_sources, parse
+from tests.support.dockerfile_parse import Stage, copy_sources, parse
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ("serve", "dra", "scheduler", "inspect")

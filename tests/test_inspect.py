@@ -19,7 +19,7 @@ from devplugin.contract import (
 )
 from devplugin.inspect.cli import main
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.scheduler_objects import CORE, COUNT, MEM, node
+from tests.support.scheduler_objects import CORE, COUNT, MEM, node
 
 
 def assignment(node_name: str, **containers: tuple[GpuShare, ...]) -> str:

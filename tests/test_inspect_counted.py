@@ -9,8 +9,8 @@ from devplugin.contract import ANN_ALLOCATED, ANN_SCHEDULED, GpuShare, GpuUsage,
 from devplugin.inspect.report import build_report
 from devplugin.scheduler.extender import filter_nodes
 from devplugin.scheduler.state import ClusterState
-from tests.scheduler_objects import container, pod
-from tests.scheduler_objects import node as node_json
+from tests.support.scheduler_objects import container, pod
+from tests.support.scheduler_objects import node as node_json
 
 USAGE_NS = 1_000
 

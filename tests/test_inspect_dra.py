@@ -23,7 +23,7 @@ from devplugin.inspect.cli import main
 from devplugin.inspect.dra_layout import render_dra_text
 from devplugin.inspect.dra_report import ClaimOnGpu, DraReport, build_dra_report
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.scheduler_objects import node
+from tests.support.scheduler_objects import node
 
 RECORDED = json.loads((Path(__file__).parent / "dra" / "recorded" / "two-nodes.json").read_text())
 GiB = 1 << 30

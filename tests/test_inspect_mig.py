@@ -10,7 +10,7 @@ import pytest
 from devplugin import contract as c
 from devplugin.inspect.cli import main
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.scheduler_objects import CORE, MEM
+from tests.support.scheduler_objects import CORE, MEM
 
 
 def inventory() -> str:

@@ -89,7 +89,7 @@ def test_a_recreated_node_object_gets_the_daemons_inventory_back() -> None:
     # The Node object is deleted and created again (a node re-registering, `kubectl delete node`): the new object
     # has none of the daemon's annotations; the watch sees the new UID and the daemon publishes them again.
     from devplugin import contract as c
-    from tests.daemon_harness import running
+    from tests.support.daemon_harness import running
 
     with FakeApiserver(bookmark_interval_s=0.2) as api, running(apiserver=api) as r:
         assert r.nd.reporter is not None

@@ -22,8 +22,8 @@ import pytest
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
-from tests.daemon_harness import COUNT, Running, _until, running, short_dir
-from tests.shim_probe import SHIM, require_built
+from tests.support.daemon_harness import COUNT, Running, _until, running, short_dir
+from tests.support.shim_probe import SHIM, require_built
 from tests.test_serve_process import serve
 
 TENANT_POD = "team-a-secret-project"
@@ -212,7 +212,7 @@ def test_the_daemonset_serves_metrics_to_reviewed_tokens_and_pods_reach_that_por
 
     import yaml
 
-    from tests.deploy_render import DEPLOY, overlay, render_text
+    from tests.support.deploy_render import DEPLOY, overlay, render_text
 
     objects = overlay("node-only")
     ds = next(o for o in objects if o["kind"] == "DaemonSet")

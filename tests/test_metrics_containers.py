@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devplugin import contract
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.daemon_harness import Running, running
-from tests.shim_probe import FAKE_CUDA, FAKE_NVML, SHIM, GiB, go_on, next_step, require_built, start, until
+from tests.support.daemon_harness import Running, running
+from tests.support.shim_probe import FAKE_CUDA, FAKE_NVML, SHIM, GiB, go_on, next_step, require_built, start, until
 
 Samples = dict[str, dict[tuple[str, str], float]]  # metric -> (pod, GPU UUID) -> value
 

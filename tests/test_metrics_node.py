@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.kubelet import AdmissionError
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, Running, _until, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, Running, _until, running
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

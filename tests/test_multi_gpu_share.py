@@ -15,8 +15,8 @@ import pytest
 
 from devplugin import contract
 from devplugin_sim.fake_driver import CONFIG_ENV
-from tests.cuda_runtime import REPO, GiB, MiB, a100_node, run, runtime_probe, start, until
-from tests.shim_probe import Node
+from tests.support.cuda_runtime import REPO, GiB, MiB, a100_node, run, runtime_probe, start, until
+from tests.support.shim_probe import Node
 
 GRANTED = (1, 2)  # the node's GPUs the container is granted, in the order it sees them
 SLICES = (2 * GiB, 3 * GiB)  # the container's memory on its CUDA devices 0 and 1

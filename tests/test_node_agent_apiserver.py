@@ -18,10 +18,10 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.daemon_harness import short_dir
 from tests.realk8s.agent import NodeAgent
 from tests.realk8s.apiserver import bare_apiserver
 from tests.realk8s.stub import StubPlugin
+from tests.support.daemon_harness import short_dir
 
 pytestmark = [pytest.mark.realk8s,
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]  # loopback, own cert

@@ -27,9 +27,9 @@ from devplugin.allocation.requests import ContainerRequest, PodRequest
 from devplugin.kube.client import load_api_client
 from devplugin.kube.reporting import ClusterReporter
 from devplugin.kube.writer import KubeWriter
-from tests.nodes import make_node
 from tests.realk8s import kubeconfigs
 from tests.realk8s.apiserver import bare_apiserver
+from tests.support.nodes import make_node
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
-from tests.daemon_harness import COUNT, _until, short_dir
+from tests.support.daemon_harness import COUNT, _until, short_dir
 from tests.test_serve_process import serve
 
 HALF_SENT = b"GET /healthz HTTP/1.1\r\nHost: daemon\r\n"  # the blank line that ends the request never comes

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.deploy_render import REPO, overlay
+from tests.support.deploy_render import REPO, overlay
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 

@@ -21,9 +21,9 @@ from devplugin.allocation.units import decode_id
 from devplugin.api.podresources.v1 import api_pb2 as pr_pb2
 from devplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplugin_sim.fake_driver import FakeDriver, seed_node
-from tests.daemon_harness import CORE, COUNT, MEM, short_dir
 from tests.realk8s.agent import NodeAgent, pod_manifest
 from tests.realk8s.stub import StubPlugin
+from tests.support.daemon_harness import CORE, COUNT, MEM, short_dir
 
 pytestmark = pytest.mark.realk8s
 

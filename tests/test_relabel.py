@@ -15,7 +15,7 @@ from devplugin.gpu.inventory import enumerate_gpus
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, load_in_process, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
-from tests.daemon_harness import CORE, MEM, _until, config, pod_spec, short_dir, the_one_event
+from tests.support.daemon_harness import CORE, MEM, _until, config, pod_spec, short_dir, the_one_event
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
-from tests.daemon_harness import COUNT, MEM, short_dir
+from tests.support.daemon_harness import COUNT, MEM, short_dir
 
 
 def serve(driver: FakeDriver, root: Path, *args: str) -> subprocess.Popen:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.shim_probe import (
+from tests.support.shim_probe import (
     CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_SUCCESS,
     MiB,
@@ -16,7 +16,7 @@ from tests.shim_probe import (
     start,
     until,
 )
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import node as node  # the fixture
 
 CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_NOT_FOUND = 500

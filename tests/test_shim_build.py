@@ -4,8 +4,8 @@ reports no use, and the compute share would never be held). Only the tests' buil
 
 from __future__ import annotations
 
-from tests.shim_probe import FAKE_CUDA, SHIM, SHIPPED_SHIM, GiB, run_full
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import FAKE_CUDA, SHIM, SHIPPED_SHIM, GiB, run_full
+from tests.support.shim_probe import node as node  # the fixture
 
 NOWHERE = {"GPUSHARE_REAL_LIBCUDA": "/nonexistent/libcuda.so.1",
            "GPUSHARE_REAL_LIBNVML": "/nonexistent/libnvidia-ml.so.1"}

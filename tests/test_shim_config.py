@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from devplugin import contract
-from tests.shim_probe import (
+from tests.support.shim_probe import (
     CUDA_ERROR_NOT_PERMITTED,
     CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_SUCCESS,
@@ -17,7 +17,7 @@ from tests.shim_probe import (
     run,
     run_full,
 )
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import node as node  # the fixture
 
 
 def limits_for(node, *per_gpu: tuple[int, int, int], policy: str = "default") -> contract.Limits:

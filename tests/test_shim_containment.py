@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devplugin import contract
-from tests.shim_probe import (
+from tests.support.shim_probe import (
     CUDA_ERROR_NOT_PERMITTED,
     CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_SUCCESS,
@@ -29,7 +29,7 @@ from tests.shim_probe import (
     start,
     until,
 )
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import node as node  # the fixture
 
 DEV0_LIMIT = 64 + 96  # struct gs_region: the 64-byte header, then dev[0] = {char uuid[96]; uint64_t limit}
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.shim_probe import BUILD, REPO, make_node
+from tests.support.shim_probe import BUILD, REPO, make_node
 
 
 def test_the_calibration_script_finds_the_context_size_and_rounds_it_to_the_granularity(tmp_path):

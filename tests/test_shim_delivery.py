@@ -9,7 +9,7 @@ from devplugin.allocation.units import Kind
 from devplugin.app.serve import shim_mounts
 from devplugin.isolation.shim_delivery import Janitor
 from devplugin.isolation.shim_files import ShimPaths
-from tests.daemon_harness import CORE, MEM, running
+from tests.support.daemon_harness import CORE, MEM, running
 from tests.test_daemon_admission import pod
 
 

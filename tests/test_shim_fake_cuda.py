@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, make_node, run, start, until
+from tests.support.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, make_node, run, start, until
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from devplugin import contract
 from devplugin.allocation.ports import MountSpec
 from devplugin.isolation.shim_files import Owner, ShimPaths, cleanup, prepare_container
-from tests.shim_probe import GiB, make_node, run
+from tests.support.shim_probe import GiB, make_node, run
 
 UUID_A = "GPU-0b6a1c2d-1111-2222-3333-444455556666"
 UUID_B = "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"

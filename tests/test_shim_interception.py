@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim_probe import SHIM, SHIPPED_SHIM, TESTS, make_node, require_built, run
+from tests.support.shim_probe import SHIM, SHIPPED_SHIM, TESTS, make_node, require_built, run
 
 HOOKED = {
     "cuInit", "cuGetProcAddress", "cuGetProcAddress_v2", "cuDevicePrimaryCtxRetain", "cuCtxCreate_v2",

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.shim_probe import BUILD, REPO, make_node
+from tests.support.shim_probe import BUILD, REPO, make_node
 
 
 def test_the_lifetime_checks_pass_over_the_fake_driver(tmp_path):

@@ -9,7 +9,7 @@ import struct
 import subprocess
 
 from devplugin import contract
-from tests.shim_probe import TESTS, require_built
+from tests.support.shim_probe import TESTS, require_built
 
 SEED = 20240611
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.shim_probe import (
+from tests.support.shim_probe import (
     CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_SUCCESS,
     GiB,
@@ -15,7 +15,7 @@ from tests.shim_probe import (
     start,
     until,
 )
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import node as node  # the fixture
 
 MODES = ["gpa", "gpa-ptsz", "dlsym", "linked"]
 DEVICE_KINDS = ["alloc", "managed", "async", "pool", "create"]

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from tests.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, TESTS, GiB, go_on_together, make_node, run, start, until
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, TESTS, GiB, go_on_together, make_node, run, start, until
+from tests.support.shim_probe import node as node  # the fixture
 
 
 def test_four_forked_processes_share_one_limit(node):

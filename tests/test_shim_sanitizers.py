@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim_probe import BUILD, REPO, TESTS, make_node, require_built
+from tests.support.shim_probe import BUILD, REPO, TESTS, make_node, require_built
 
 ASAN = BUILD / "shim" / "asan"
 SANITIZER_ERRORS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer")

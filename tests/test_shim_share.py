@@ -13,7 +13,7 @@ import time
 import pytest
 
 from devplugin_sim.gpu_share import Container, Run, Workload, make_gpu, measure_reclaim, measure_steady, shares
-from tests.shim_probe import CUDA_ERROR_NOT_PERMITTED, make_node, require_built, run_full
+from tests.support.shim_probe import CUDA_ERROR_NOT_PERMITTED, make_node, require_built, run_full
 
 SETTLE = 1.5  # s: the controller's first steps (100 ms each) and the pool's first fill
 WINDOW = 1.5  # s measured

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.shim_probe import REPO
+from tests.support.shim_probe import REPO
 
 SHIM = REPO / "shim"
 INCLUDE = re.compile(r'^#include "(gs_[a-z_]+)\.h"', re.MULTILINE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from devplugin import contract
-from tests.shim_probe import CUDA_SUCCESS, make_node, run
+from tests.support.shim_probe import CUDA_SUCCESS, make_node, run
 
 # Each launch of 100 blocks keeps the fake GPU busy for 100 us: 1000 launches per 100 ms at full speed. A 20 ms
 # launch queue keeps the fake GPU busy while a loaded test machine does not schedule the launching thread.

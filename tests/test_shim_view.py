@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from devplugin import contract
-from tests.shim_probe import CUDA_SUCCESS, GiB, MiB, make_node, run, start, until
-from tests.shim_probe import node as node  # the fixture
+from tests.support.shim_probe import CUDA_SUCCESS, GiB, MiB, make_node, run, start, until
+from tests.support.shim_probe import node as node  # the fixture
 
 
 def test_cuda_shows_the_slice_and_what_is_used_of_it(node):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_runtime import REPO, GiB, MiB, a100_node
+from tests.support.cuda_runtime import REPO, GiB, MiB, a100_node
 
 pytestmark = pytest.mark.torch
 

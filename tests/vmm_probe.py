@@ -1,12 +1,12 @@
 """Running shim/tests/gs_vmm (VMM handles and mappings, shared allocations, pools that keep memory, context limits)
-over the fake driver; the same nodes, env and result shape as tests/shim_probe.py."""
+over the fake driver; the same nodes, env and result shape as tests/support/shim_probe.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 
-from tests.shim_probe import TESTS, Result, until
+from tests.support.shim_probe import TESTS, Result, until
 
 VMM = TESTS / "gs_vmm"
 CUDA_ERROR_INVALID_VALUE = 1

@@ -14,7 +14,7 @@ from devplugin.kube.podresources import list_node, list_pods
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, MEM, Running, running
+from tests.support.daemon_harness import CORE, MEM, Running, running
 
 
 def count_reads(r: Running) -> Counter[str]:

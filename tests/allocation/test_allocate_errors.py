@@ -8,7 +8,7 @@ import pytest
 from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.errors import NoRoom, PairingConflict, RequestError
 from devplugin.allocation.units import Kind, encode_id
-from tests.nodes import MiniKubelet, make_node
+from tests.support.nodes import MiniKubelet, make_node
 
 MEM, CORE, COUNT = Kind.MEM, Kind.CORE, Kind.COUNT
 

@@ -19,8 +19,8 @@ from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet import AdmissionError
 from tests.allocation.test_gpu_selection import A100, H100
 from tests.allocation.test_tenant_annotations import events
-from tests.daemon_harness import Running, running
-from tests.nodes import make_node
+from tests.support.daemon_harness import Running, running
+from tests.support.nodes import make_node
 
 GPUS = [dataclasses.replace(g, name=A100 if g.index < 2 else H100) for g in seed_node(4, 15360)]
 

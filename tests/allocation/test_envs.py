@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.units import Kind
-from tests.nodes import MiniKubelet, make_node
+from tests.support.nodes import MiniKubelet, make_node
 
 MEM, CORE = Kind.MEM, Kind.CORE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from devplugin import contract as c
 from devplugin.allocation.requests import pod_request
 from devplugin.allocation.scheduler_choice import assume_time, scheduler_choice
-from tests.nodes import make_node
+from tests.support.nodes import make_node
 
 NODE = make_node([15] * 4)
 

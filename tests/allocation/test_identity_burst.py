@@ -16,7 +16,7 @@ from devplugin import contract as c
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet import AdmissionError
-from tests.daemon_harness import CORE, COUNT, MEM, Running, _until, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, Running, _until, running
 
 GPUS, GIB_PER_GPU = 8, 80
 

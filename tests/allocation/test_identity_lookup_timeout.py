@@ -16,7 +16,7 @@ import pytest
 from devplugin import contract as c
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import seed_node
-from tests.daemon_harness import CORE, MEM, Running, _until, running
+from tests.support.daemon_harness import CORE, MEM, Running, _until, running
 
 
 def before_second_resource(r: Running, hook: Callable[[str], None]) -> list[str]:

@@ -13,7 +13,7 @@ from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.errors import RequestError
 from devplugin.allocation.requests import pod_request
 from devplugin.allocation.units import Kind, decode_id
-from tests.nodes import MiniKubelet, make_node
+from tests.support.nodes import MiniKubelet, make_node
 
 GPUS = 8
 SIZE_GIB = 80

@@ -11,7 +11,7 @@ import time
 from devplugin import contract as c
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import seed_node
-from tests.daemon_harness import CORE, MEM, running
+from tests.support.daemon_harness import CORE, MEM, running
 
 
 def chosen(uuid: str) -> str:

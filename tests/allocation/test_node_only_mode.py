@@ -13,7 +13,7 @@ from devplugin.app.serve import settings_from
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet import AdmissionError
-from tests.daemon_harness import CORE, COUNT, MEM, Running, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, Running, running
 
 
 @pytest.fixture

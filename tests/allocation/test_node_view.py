@@ -16,8 +16,8 @@ from devplugin.allocation.errors import PairingConflict, RequestError
 from devplugin.allocation.requests import pod_request
 from devplugin.allocation.units import Kind, encode_id
 from devplugin_sim.kubelet import AdmissionError
-from tests.daemon_harness import COUNT, MEM, running
-from tests.nodes import MiniKubelet, make_node
+from tests.support.daemon_harness import COUNT, MEM, running
+from tests.support.nodes import MiniKubelet, make_node
 from tests.test_daemon_admission import pod
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet_results import AdmissionError
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, running
 
 NAMES = {"mem": MEM, "core": CORE, "count": COUNT}
 

@@ -12,7 +12,7 @@ from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.errors import NoRoom, PairingConflict
 from devplugin.allocation.gpu_picks import pick_gpu, pick_units
 from devplugin.allocation.units import Kind
-from tests.nodes import MiniKubelet, make_node, shuffled
+from tests.support.nodes import MiniKubelet, make_node, shuffled
 
 MEM, CORE, COUNT = Kind.MEM, Kind.CORE, Kind.COUNT
 

@@ -14,7 +14,7 @@ from devplugin import contract as c
 from devplugin.allocation.units import Kind
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.kubelet import AdmissionError
-from tests.daemon_harness import CORE, COUNT, MEM, Running, _until, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, Running, _until, running
 
 
 @pytest.fixture

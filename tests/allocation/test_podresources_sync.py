@@ -10,7 +10,7 @@ from devplugin.kube.podresources import list_containers
 from devplugin_sim.fake_driver import seed_node
 from devplugin_sim.kubelet_results import AdmissionError
 from devplugin_sim.pods import ContainerSpec, PodSpec
-from tests.daemon_harness import CORE, COUNT, MEM, Running, running
+from tests.support.daemon_harness import CORE, COUNT, MEM, Running, running
 
 WAIT_S = 5.0  # a freed GPU is back in node allocatable within this (PodResources is re-read every 2 s)
 

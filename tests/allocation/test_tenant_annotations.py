@@ -12,7 +12,7 @@ import pytest
 
 from devplugin import contract as c
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.daemon_harness import Running, _until, running
+from tests.support.daemon_harness import Running, _until, running
 
 
 def events(r: Running, name: str, reason: str) -> list[dict]:

@@ -15,7 +15,7 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.topology import ANY, NUMA, NVLINK, Where, choose, describe
 from devplugin.allocation.units import Kind, MemUnit, decode_id, encode_id
 from devplugin.gpu.device import GPU
-from tests.nodes import MiniKubelet
+from tests.support.nodes import MiniKubelet
 
 GiB = 1 << 30
 

@@ -22,7 +22,7 @@ from devplugin.allocation.units import (
 )
 from devplugin.api.deviceplugin.v1beta1 import api_pb2
 from devplugin.deviceplugin.devices import DeviceBoard
-from tests.nodes import make_gpus
+from tests.support.nodes import make_gpus
 
 uuids = st.uuids().map(lambda u: f"GPU-{u}")
 

@@ -24,10 +24,10 @@ from devplugin.scheduler.fit import NodeView, ask_of, fit
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.room import GpuRoom
 from devplugin.scheduler.state import ClusterState
-from tests.nodes import MiniKubelet, make_node
 from tests.scheduler.test_extender import FakeCluster
 from tests.scheduler.test_http import review
-from tests.scheduler_objects import node, pod
+from tests.support.nodes import MiniKubelet, make_node
+from tests.support.scheduler_objects import node, pod
 
 with warnings.catch_warnings():  # Starlette's note about the HTTP library under its test client
     warnings.simplefilter("ignore")

@@ -1,5 +1,5 @@
 // A CUDA runtime program for the shim's tests: each argument is a step, each step prints one JSON line.
-// Built with nvcc against static and shared cudart (tests/cuda_runtime.py); run over the fake driver, with or
+// Built with nvcc against static and shared cudart (tests/support/cuda_runtime.py); run over the fake driver, with or
 // without the shim. Steps act on the current device (device 0 until a `device` step):
 //   init | count | device N (cudaSetDevice) | meminfo | props | alloc MiB | free | freeall | fill MiB | async MiB
 //   freeasync | poolfill MiB

@@ -120,7 +120,7 @@ def ray_image(root: Path, tools_dir: Path) -> dict[str, Any]:
 
 def default_tools() -> dict[str, Path]:
     """The workload probe, the CuPy probe and the CUDA runtime probe (built against static cudart)."""
-    from tests.cuda_runtime import runtime_probe
+    from tests.support.cuda_runtime import runtime_probe
 
     return {"probe.py": Path(__file__).parent / "workload" / "probe.py",
             "cupy_probe.py": REPO / "tests" / "cuda" / "cupy_probe.py",

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.dockerfile_parse import copy_sources, parse
+from tests.support.dockerfile_parse import copy_sources, parse
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = "gpushare/devplugin:0.1.0"  # the image the shipped manifests and the Helm chart name

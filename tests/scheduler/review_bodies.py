@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from devplugin.scheduler.review_limits import ReviewLimits, json_tokens
-from tests.scheduler_objects import container, pod
+from tests.support.scheduler_objects import container, pod
 
 IMAGE = "registry.example.com/team/inference-server:v1.2.3-" + "0" * 30  # about 80 bytes a container
 

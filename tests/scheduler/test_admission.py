@@ -9,7 +9,7 @@ import pytest
 
 from devplugin.contract import LABEL_ACK_MULTI_GPU, LABEL_VOID_OPT_OUT
 from devplugin.scheduler.admission import mutate, validate, validate_void
-from tests.scheduler_objects import MEM, container, pod
+from tests.support.scheduler_objects import MEM, container, pod
 
 LARGEST = 16
 

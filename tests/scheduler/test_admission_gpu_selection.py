@@ -8,7 +8,7 @@ import pytest
 from devplugin import contract as c
 from devplugin.scheduler.admission import validate
 from tests.allocation.test_gpu_selection import U1, U2
-from tests.scheduler_objects import container, pod
+from tests.support.scheduler_objects import container, pod
 
 
 @pytest.mark.parametrize(("annotations", "says"), [

@@ -20,7 +20,7 @@ from devplugin.scheduler import state as state_module
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.answers_before import filter_before, prioritize_before
 from tests.scheduler.test_one_share import SIZES, USAGE_TIME, _counted, gpu_usage, held_pod
-from tests.scheduler_objects import container, node, pod
+from tests.support.scheduler_objects import container, node, pod
 
 ASKS = [(1, 0), (4, 20), (8, 0), (12, 50), (16, 100), (24, 5)]  # few, so the same ask comes back after changes
 

@@ -10,7 +10,7 @@ import pytest
 
 from devplugin.scheduler.extender import BindError, bind, filter_nodes
 from devplugin.scheduler.state import ClusterState
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 
 class Apiserver:

@@ -15,7 +15,7 @@ from devplugin.scheduler.extender import BindError, filter_nodes
 from devplugin.scheduler.informer import Informer, start_informers
 from devplugin.scheduler.state import ClusterState
 from devplugin_sim.fake_apiserver import FakeApiserver
-from tests.scheduler_objects import MEM, bind, node
+from tests.support.scheduler_objects import MEM, bind, node
 
 
 def wait_for(check: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:

@@ -21,7 +21,7 @@ from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
 from tests.scheduler.test_cluster import wait_for
-from tests.scheduler_objects import CORE, MEM, bind
+from tests.support.scheduler_objects import CORE, MEM, bind
 
 
 @pytest.fixture()

@@ -24,7 +24,7 @@ from devplugin.contract import (
 )
 from devplugin.scheduler.extender import BindError, filter_nodes, prioritize
 from devplugin.scheduler.state import ClusterState
-from tests.scheduler_objects import bind, container, node, pod
+from tests.support.scheduler_objects import bind, container, node, pod
 
 
 class FakeCluster:

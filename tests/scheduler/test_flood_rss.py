@@ -25,7 +25,7 @@ from tests.scheduler import review_bodies
 from tests.scheduler.test_cluster import wait_for
 from tests.scheduler.test_service import free_port
 from tests.scheduler.tls_certs import make_ca, make_leaf
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 REPO = Path(__file__).resolve().parents[2]

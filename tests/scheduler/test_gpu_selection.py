@@ -16,7 +16,7 @@ from devplugin.scheduler.extender import filter_nodes, preempt, prioritize
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_extender import FakeCluster
-from tests.scheduler_objects import bind, container, node, pod
+from tests.support.scheduler_objects import bind, container, node, pod
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"

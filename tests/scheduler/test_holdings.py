@@ -22,7 +22,7 @@ from devplugin.scheduler import admission
 from devplugin.scheduler.extender import BindError, bind, filter_nodes
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_extender import FakeCluster, state_with
-from tests.scheduler_objects import container, node, pod
+from tests.support.scheduler_objects import container, node, pod
 
 
 def whole(*indices: int) -> str:

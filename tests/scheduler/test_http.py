@@ -19,7 +19,7 @@ with warnings.catch_warnings():  # Starlette's note about the HTTP library under
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_extender import FakeCluster, held
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 PATHS = ("/scheduler/filter", "/scheduler/prioritize", "/scheduler/preempt", "/scheduler/bind", "/admission/validate",
          "/admission/mutate")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from devplugin.contract import ANN_SCHEDULED, GpuShare, PodAssignment
 from devplugin.scheduler.extender import bind, filter_nodes, prioritize
 from tests.scheduler.test_extender import FakeCluster, state_with
-from tests.scheduler_objects import container, node, pod
+from tests.support.scheduler_objects import container, node, pod
 
 
 def sidecar(name: str, mem: int) -> dict:

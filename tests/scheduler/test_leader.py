@@ -15,7 +15,7 @@ from devplugin.scheduler.leader import LeaderElector
 from devplugin.scheduler.state import ClusterState
 from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.scheduler.test_cluster import wait_for
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -16,7 +16,7 @@ from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_extender import FakeCluster, held
 from tests.scheduler.test_http import review
-from tests.scheduler_objects import container, node, pod
+from tests.support.scheduler_objects import container, node, pod
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

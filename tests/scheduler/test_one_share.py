@@ -24,7 +24,7 @@ from devplugin.scheduler.models import (
 )
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.answers_before import filter_before, preempt_before, prioritize_before
-from tests.scheduler_objects import container, node, pod
+from tests.support.scheduler_objects import container, node, pod
 
 USAGE_TIME = 50  # records at 10 are in the usage, records at 100 are not yet
 SIZES = (8, 15, 16, 24)

@@ -23,7 +23,7 @@ from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_extender import FakeCluster
 from tests.scheduler.test_http import review
 from tests.scheduler.uvicorn_thread import serving_on_a_free_port
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 # --- the gate alone -----------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.review_limits import DEFAULT_MAX_BODY, DEFAULT_MAX_CONTAINERS, DEFAULT_MAX_ENV, json_tokens
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_http import review
-from tests.scheduler_objects import container, node, pod
+from tests.support.scheduler_objects import container, node, pod
 
 
 def app() -> TestClient:

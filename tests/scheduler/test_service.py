@@ -19,7 +19,7 @@ import pytest
 from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.scheduler.test_cluster import wait_for
 from tests.scheduler.tls_certs import make_ca, make_leaf
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 

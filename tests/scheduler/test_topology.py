@@ -18,7 +18,7 @@ from devplugin.scheduler.extender import filter_nodes, prioritize
 from devplugin.scheduler.fit import ANY, NUMA, NVLINK, locality_score
 from devplugin.scheduler.state import ClusterState
 from tests.scheduler.test_extender import FakeCluster, held
-from tests.scheduler_objects import bind, node, pod
+from tests.support.scheduler_objects import bind, node, pod
 
 
 def island_node(name: str, islands: tuple[int | None, ...] = (0, 0, 0, 0, 1, 1, 1, 1),

@@ -20,7 +20,7 @@ from tests.scheduler.test_extender import FakeCluster
 from tests.scheduler.test_http import review
 from tests.scheduler.tls_certs import make_ca, make_leaf
 from tests.scheduler.uvicorn_thread import serving_on_a_free_port
-from tests.scheduler_objects import node, pod
+from tests.support.scheduler_objects import node, pod
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for test certs")
 

@@ -17,7 +17,7 @@ import pytest
 
 from devplugin_sim import cuda_toolkit
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
-from tests.shim_probe import BUILD, REPO, Node, require_built
+from tests.support.shim_probe import BUILD, REPO, Node, require_built
 
 PROBE_SOURCE = REPO / "tests" / "cuda" / "rt_probe.cu"
 OUT = BUILD / "cuda"

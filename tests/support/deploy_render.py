@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 OVERLAYS = ("node-only", "with-scheduler", "second-scheduler")
 TOP_MANIFEST = REPO / "daemonset.yaml"

@@ -17,7 +17,7 @@ import pytest
 from devplugin import contract
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, seed_uuid
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
 SHIM = BUILD / "shim" / "test" / "libgpushare.so"  # the test build: honours GPUSHARE_REAL_LIB*
 SHIPPED_SHIM = BUILD / "shim" / "libgpushare.so"  # as the image ships it
