@@ -9,8 +9,8 @@ from devplugin.allocation.units import Kind
 from devplugin.app.serve import shim_mounts
 from devplugin.isolation.shim_delivery import Janitor
 from devplugin.isolation.shim_files import ShimPaths
+from tests.deviceplugin.test_kubelet_admission import pod
 from tests.support.daemon_harness import CORE, MEM, running
-from tests.test_daemon_admission import pod
 
 
 def test_seed_job_gets_the_shim_and_its_limits_file() -> None:

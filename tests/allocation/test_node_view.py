@@ -16,9 +16,9 @@ from devplugin.allocation.errors import PairingConflict, RequestError
 from devplugin.allocation.requests import pod_request
 from devplugin.allocation.units import Kind, encode_id
 from devplugin_sim.kubelet import AdmissionError
+from tests.deviceplugin.test_kubelet_admission import pod
 from tests.support.daemon_harness import COUNT, MEM, running
 from tests.support.nodes import MiniKubelet, make_node
-from tests.test_daemon_admission import pod
 
 
 def test_after_a_whole_gpu_pod_ends_shared_pods_fit_again_without_an_apiserver() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from devplugin_sim.kubelet import AdmissionError
+from tests.deviceplugin.test_kubelet_admission import pod
 from tests.support.daemon_harness import COUNT, running
-from tests.test_daemon_admission import pod
 
 
 def test_restarted_daemon_does_not_hand_out_a_shared_gpu_whole() -> None:

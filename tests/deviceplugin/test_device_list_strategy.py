@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from devplugin.deviceplugin.device_list import device_list
+from tests.deviceplugin.test_kubelet_admission import pod
 from tests.support.daemon_harness import running
-from tests.test_daemon_admission import pod
 
 ROOT = "/var/run/nvidia-container-devices"
 
