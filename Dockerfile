@@ -26,7 +26,7 @@ COPY pyproject.toml README.md ./
 COPY devplugin/ devplugin/
 COPY shim/ shim/
 # The shim's contract header, shim/gpushare_contract.h, is generated from devplugin/contract.py (the one source of
-# the env, mount and limits-file names) by `make contract`, and tests/test_generated_code.py fails while it is
+# the env, mount and limits-file names) by `make contract`, and tests/contract/test_generated_code.py fails while it is
 # stale: the build compiles the header as copied, so this stage needs none of the package's dependencies. `lib` is
 # the library alone, as shipped (it ignores GPUSHARE_REAL_LIBCUDA / _LIBNVML, which only the tests' build
 # honours): the shim's test programs need the fake driver (fakes/), which has no place in the image. The wheel

@@ -30,7 +30,8 @@ def test_the_build_stage_runs_none_of_the_package() -> None:
             f"Dockerfile:{run.line}: the build stage has none of the package's dependencies installed: {run.text}"
     copied = [source for copy in build.all("COPY") for source in copy_sources(copy)[0]]
     assert "shim/" in copied and (REPO / "shim" / "gpushare_contract.h").is_file(), \
-        "the shim compiles with the contract header as committed (tests/test_generated_code.py keeps it current)"
+        "the shim compiles with the contract header as committed " \
+        "(tests/contract/test_generated_code.py keeps it current)"
 
 
 def test_the_parser_substitutes_build_arguments_and_refuses_unknown_ones(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from devplugin import contract
 from devplugin.api import generate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_python_stubs_match_the_vendored_protos(tmp_path: Path) -> None:
