@@ -21,7 +21,7 @@ from devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplugin.dra import plugin as plugin_mod
 from devplugin.dra.plugin import DraPlugin
 from tests.dra.objects import claim, result
-from tests.test_dra_prepare import UID1, UID2, Store, make
+from tests.dra.test_prepare import UID1, UID2, Store, make
 
 DRA = {contract.LABEL_ALLOCATION: contract.ALLOCATION_DRA}
 

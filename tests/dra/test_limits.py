@@ -13,7 +13,7 @@ from devplugin.dra.limits import as_quantity, largest, status_lines
 from devplugin.inspect.dra_layout import render_dra_text
 from devplugin.inspect.dra_report import build_dra_report, is_quantity
 
-RECORDED = json.loads((Path(__file__).parent / "dra" / "recorded" / "two-nodes.json").read_text())
+RECORDED = json.loads((Path(__file__).parent / "recorded" / "two-nodes.json").read_text())
 GiB, MiB = 1 << 30, 1 << 20
 
 
