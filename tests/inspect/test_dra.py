@@ -25,7 +25,7 @@ from devplugin.inspect.dra_report import ClaimOnGpu, DraReport, build_dra_report
 from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.support.scheduler_objects import node
 
-RECORDED = json.loads((Path(__file__).parent / "dra" / "recorded" / "two-nodes.json").read_text())
+RECORDED = json.loads((Path(__file__).parents[1] / "dra" / "recorded" / "two-nodes.json").read_text())
 GiB = 1 << 30
 
 

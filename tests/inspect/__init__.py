@@ -1,0 +1,1 @@
+"""Tests of `devplugin inspect` (devplugin/inspect/)."""
