@@ -8,7 +8,7 @@ from tests.support.daemon_harness import CORE, COUNT, MEM, running
 def test_xid_marks_unhealthy_then_recovers() -> None:
     with running(recovery_seconds=0.5) as r:
         assert r.registered_all()
-        r.driver.raise_xid(2, 8)  # transient (XIDs that need a reset: tests/test_health_persist.py)
+        r.driver.raise_xid(2, 8)  # transient (XIDs that need a reset: tests/gpu/test_health_persist.py)
         degraded = {MEM: 45, CORE: 300, COUNT: 3}  # three streams, each updated on its own
         assert r.kubelet.wait_for(lambda k: k.allocatable() == degraded, timeout=5)
         assert r.kubelet.capacity() == {MEM: 60, CORE: 400, COUNT: 4}

@@ -17,7 +17,7 @@ from devplugin.gpu.inventory import NvmlUnavailable, enumerate_gpus
 from devplugin_sim.fake_driver import FakeGPU, nvml_refcount, seed_node, seed_uuid
 
 GIB = 1 << 30
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_seed_node(seed_driver) -> None:
