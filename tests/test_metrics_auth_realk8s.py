@@ -28,10 +28,10 @@ import pytest
 
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
+from tests.app.test_serve_process import serve
 from tests.realk8s import kubeconfigs
 from tests.realk8s.apiserver import bare_apiserver
 from tests.support.daemon_harness import COUNT, _until
-from tests.test_serve_process import serve
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"

@@ -79,7 +79,7 @@ def test_an_xid_of_a_gpu_in_mig_mode_takes_its_mig_devices_out_until_it_recovers
 
 
 def test_metrics_show_each_mig_device_under_its_gpu() -> None:
-    from tests.test_metrics_node import scrape
+    from tests.app.test_metrics_node import scrape
     gpus = mig_node()
     with running(gpus, health_port=0) as r:
         assert r.registered_all()

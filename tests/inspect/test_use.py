@@ -15,10 +15,10 @@ from devplugin.app.metrics_auth import TokenCheck, User
 from devplugin.app.metrics_server import metrics_server
 from devplugin.inspect.cli import main
 from devplugin_sim.fake_apiserver import FakeApiserver
+from tests.app.test_metrics_containers import admit, container_env, poll, start, stop, until
+from tests.app.test_metrics_containers import r as r  # noqa: F401 - the fixture: daemon with the shim delivered
 from tests.support.daemon_harness import Running, _until
 from tests.support.shim_probe import GiB
-from tests.test_metrics_containers import admit, container_env, poll, start, stop, until
-from tests.test_metrics_containers import r as r  # noqa: F401 - the fixture: daemon with the shim delivered
 
 READER = "system:serviceaccount:kube-system:gpushare-metrics-reader"
 

@@ -17,12 +17,12 @@ from devplugin.app.http_serving import Bounds
 from devplugin.scheduler.http import Service, build_app
 from devplugin.scheduler.service import KEEP_ALIVE_S, SERVICE_BOUNDS, server_config
 from devplugin.scheduler.state import ClusterState
+from tests.app.test_node_http_flood import HALF_SENT, closed_by_peer, half_sent
 from tests.scheduler.test_extender import FakeCluster
 from tests.scheduler.test_http import review
 from tests.scheduler.uvicorn_thread import serving_on_a_free_port
 from tests.support.daemon_harness import _until
 from tests.support.scheduler_objects import node, pod
-from tests.test_node_http_flood import HALF_SENT, closed_by_peer, half_sent
 
 SMALL = Bounds(max_connections=16, max_per_client=4, request_timeout_s=1.0, keep_alive_s=KEEP_ALIVE_S,
                max_head_bytes=16384)

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
 from devplugin_sim.pods import ContainerSpec, PodSpec
+from tests.app.test_serve_process import serve
 from tests.support.daemon_harness import COUNT, MEM, _until, short_dir
-from tests.test_serve_process import serve
 
 
 def free_port() -> int:

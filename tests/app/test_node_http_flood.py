@@ -20,8 +20,8 @@ from pathlib import Path
 
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
+from tests.app.test_serve_process import serve
 from tests.support.daemon_harness import COUNT, _until, short_dir
-from tests.test_serve_process import serve
 
 HALF_SENT = b"GET /healthz HTTP/1.1\r\nHost: daemon\r\n"  # the blank line that ends the request never comes
 PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds

@@ -22,9 +22,9 @@ import pytest
 from devplugin_sim.fake_apiserver import FakeApiserver
 from devplugin_sim.fake_driver import FakeDriver, seed_node
 from devplugin_sim.kubelet import KubeletEmulator
+from tests.app.test_serve_process import serve
 from tests.support.daemon_harness import COUNT, Running, _until, running, short_dir
 from tests.support.shim_probe import SHIM, require_built
-from tests.test_serve_process import serve
 
 TENANT_POD = "team-a-secret-project"
 

@@ -13,7 +13,7 @@ from devplugin.dra.metrics import DraMetrics
 from devplugin.scheduler.metrics import SchedulerMetrics
 from devplugin.scheduler.state import ClusterState
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpushare-dashboard.json"
 DOC = ROOT / "docs" / "reference" / "metrics.md"
 METRIC = re.compile(r"\bgpushare_[a-z0-9_]+\b")
