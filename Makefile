@@ -27,7 +27,7 @@ demo: all
 demo-cluster: all
 	$(PY) -m devplugin_sim.demo_extender
 
-# Helm, for the chart's tests (tests/test_helm_chart.py): built from the Go module proxy, with the version and
+# Helm, for the chart's tests (tests/deploy/test_helm_chart.py): built from the Go module proxy, with the version and
 # the Kubernetes version of its client libraries set as Helm's own release builds set them.
 HELM_VERSION := v3.22.0
 HELM_K8S_MINOR := 37

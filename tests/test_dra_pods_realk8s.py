@@ -15,9 +15,9 @@ import yaml
 
 from devplugin.dra.pods import PodsOnNode
 from devplugin.kube.client import load_api_client
+from tests.deploy.test_dra_node_component import COMPONENT, KUBECTL, kubectl
 from tests.realk8s import kubeconfigs
 from tests.realk8s.apiserver import bare_apiserver
-from tests.test_dra_node_component import COMPONENT, KUBECTL, kubectl
 
 pytestmark = pytest.mark.realk8s
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_deploy_render import validate
-from tests.test_deploy_scheduler import network_policy_overlay
-from tests.test_helm_chart import SETTINGS, by_key, render
+from tests.deploy.test_helm_chart import SETTINGS, by_key, render
+from tests.deploy.test_render import validate
+from tests.deploy.test_scheduler_overlays import network_policy_overlay
 
 KEY = ("NetworkPolicy", "kube-system", "devplugin-scheduler")
 

@@ -17,7 +17,7 @@ from devplugin.app.config import Config
 from devplugin.app.dra_config import DraConfig
 from tests.support.dockerfile_parse import Stage, copy_sources, parse
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ("serve", "dra", "scheduler", "inspect")
 
 
@@ -36,7 +36,7 @@ def image_shim_path() -> str:
 def manifests() -> list[tuple[str, dict]]:
     """Every object of deploy/ and daemonset.yaml, and the Helm chart's objects as it renders them with everything
     on (its templates are not YAML until rendered)."""
-    from tests.test_helm_chart import CHART, render
+    from tests.deploy.test_helm_chart import CHART, render
 
     files = [REPO / "daemonset.yaml", *sorted((REPO / "deploy").rglob("*.yaml"))]
     found = [(str(f.relative_to(REPO)), doc) for f in files if f.name != "kustomization.yaml"

@@ -30,7 +30,7 @@ from tests.realk8s.apiserver import bare_apiserver
 from tests.support.deploy_render import DEPLOY, render_text
 
 COMPONENT = DEPLOY / "components" / "dra-node"
-KUBECTL = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "kubectl"
+KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
 
 
 def render(tmp_path: Path) -> list[dict]:

@@ -21,7 +21,7 @@ import pytest
 from devplugin.app.health_server import health_server
 from tests.support.dockerfile_parse import Stage, copy_sources, parse
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 BIN = Path(sys.executable).parent
 # Local leftovers that the build context never carries (.dockerignore).

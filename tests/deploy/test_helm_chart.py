@@ -19,8 +19,8 @@ import yaml
 
 from devplugin.app.config import Config
 from devplugin.scheduler import service
+from tests.deploy.test_render import validate
 from tests.support.deploy_render import REPO, overlay, render_text
-from tests.test_deploy_render import validate
 
 KUBE_VERSION = "1.30.0"
 CHART = REPO / "deploy" / "helm" / "gpushare"

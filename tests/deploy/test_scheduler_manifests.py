@@ -9,7 +9,7 @@ import yaml
 from devplugin.scheduler.http import EXTENDER_PREFIX, Service, build_app
 from devplugin.scheduler.state import ClusterState
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "scheduler"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "scheduler"
 RESOURCES = {"aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"}
 
 

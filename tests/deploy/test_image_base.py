@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.dockerfile_parse import copy_sources, global_args, parse
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 SHIPPED_BASE = "python:3.11-slim-bookworm"
 

@@ -141,7 +141,7 @@ def client_uses(modules: dict[str, ast.Module]) -> Uses:
 
 def needed(uses: Uses) -> set[Grant]:
     unknown = {m: where for m, where in uses.methods.items() if m not in METHODS}
-    assert not unknown, (f"client methods with no entry in tests/test_rbac.py METHODS: {unknown}; add each with "
+    assert not unknown, (f"client methods with no entry in tests/deploy/test_rbac.py METHODS: {unknown}; add each with "
                          "the (apiGroup, resource, verbs) it needs, and grant them in deploy/")
     grants: set[Grant] = set()
     for method in uses.methods:

@@ -13,7 +13,7 @@ import yaml
 from devplugin import contract as c
 from devplugin.app.config import Config
 
-MANIFEST = Path(__file__).resolve().parents[1] / "daemonset.yaml"
+MANIFEST = Path(__file__).resolve().parents[2] / "daemonset.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def daemon(pod: dict) -> dict:
 
 
 def test_the_daemon_runs_as_its_service_account(docs: dict[str, dict]) -> None:
-    # what the ClusterRole grants is checked against the code in tests/test_rbac.py
+    # what the ClusterRole grants is checked against the code in tests/deploy/test_rbac.py
     objects = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
     name = docs["DaemonSet"]["spec"]["template"]["spec"]["serviceAccountName"]
     [sa] = [o["metadata"] for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == name]

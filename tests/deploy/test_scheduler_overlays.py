@@ -16,9 +16,9 @@ import yaml
 
 from devplugin import contract as c
 from devplugin.scheduler.http import EXTENDER_PREFIX
+from tests.deploy.test_rbac import PROGRAMS, REPO, client_uses, closure
+from tests.deploy.test_render import validate
 from tests.support.deploy_render import DEPLOY, find, overlay, render_text, service_dns
-from tests.test_deploy_render import validate
-from tests.test_rbac import PROGRAMS, REPO, client_uses, closure
 
 RESOURCES = {f"{c.DEFAULT_RESOURCE_DOMAIN}/{r}" for r in (c.RESOURCE_MEM, c.RESOURCE_CORE, c.RESOURCE_COUNT)}
 EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",

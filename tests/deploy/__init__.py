@@ -1,0 +1,1 @@
+"""Tests of what ships: manifests (deploy/), the Helm chart, RBAC, the image (Dockerfile)."""
