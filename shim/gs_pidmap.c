@@ -21,11 +21,15 @@
 
 #define GS_GPU_LOCK_WAIT_MS 2000 /* a neighbour that holds the GPU's lock longer is not waited for */
 
-static int mapped_here; /* this process has recorded its NVML pid (not inherited over fork) */
+#define GS_PIDMAP_TRIES 8 /* context steps that may look for this process's NVML pid before it is given up */
+
+static int mapped_here; /* this process's NVML pid is settled: found, ambiguous, or given up (not inherited) */
+static int tries_left = GS_PIDMAP_TRIES; /* context steps that may still look for it while none found it */
 
 static void child_after_fork(void)
 {
     mapped_here = 0;
+    tries_left = GS_PIDMAP_TRIES;
 }
 GS_ON_FORK_CHILD(child_after_fork)
 
@@ -103,8 +107,9 @@ static int gpu_lock(const char *uuid)
 
 void gs_pidmap_check(void)
 {
-    if (__atomic_load_n(&mapped_here, __ATOMIC_ACQUIRE) || !gs_region_ready())
-        return;
+    if (__atomic_load_n(&mapped_here, __ATOMIC_ACQUIRE) || __atomic_load_n(&tries_left, __ATOMIC_ACQUIRE) <
+        GS_PIDMAP_TRIES || !gs_region_ready())
+        return; /* settled, or looked for already and marked unmapped until a later context step finds it */
     struct gs_slot *mine = gs_region_own_slot();
     if (!mine)
         return;
@@ -163,15 +168,22 @@ void gs_pidmap_end(struct gs_pidmap_scope *s, CUresult rc)
         }
     }
     if (nafter >= 0) {
+        /* None new: this call did not create the context NVML lists (the runtime's first call may only look
+         * the primary context up, and create it in a later one). Marked unmapped meanwhile, so that the
+         * container is not undercounted, and looked for again at the next context step. */
+        int settled = candidates != 0 || --tries_left <= 0;
         int32_t nvml_pid = candidates == 1 ? (int32_t)found : -1;
         __atomic_store_n(&mine->nvml_pid, nvml_pid, __ATOMIC_RELEASE);
         __atomic_store_n(&mine->nvml_owner, (int32_t)getpid(), __ATOMIC_RELEASE);
-        __atomic_store_n(&mapped_here, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&mapped_here, settled, __ATOMIC_RELEASE);
         if (candidates == 1)
             GS_DEBUG("NVML knows this process as pid %u", found);
-        else
+        else if (settled)
             GS_WARN("cannot tell this process's NVML pid (%d new processes appeared on the GPU while it created "
-                    "its context); its container's GPU use is measured as the whole GPU's", candidates);
+                    "its context%s); its container's GPU use is measured as the whole GPU's", candidates,
+                    candidates ? "" : ", in any of its context steps");
+        else
+            GS_DEBUG("no new process appeared in NVML's list during this context step; looking again at the next");
     }
     gs_region_unlock();
     if (s->lock_fd >= 0)

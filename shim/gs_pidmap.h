@@ -9,7 +9,9 @@
  * file is mounted, else GPUSHARE_GPU_LOCK_DIR when set. A new pid that another
  * process of the container already claimed is not ours. Only exactly one remaining new pid is taken; anything
  * else (a process outside the shim created a context at the same moment) leaves the process marked unmapped
- * (nvml_pid = -1) with a warning, and the compute share then measures that GPU as a whole. */
+ * (nvml_pid = -1) with a warning, and the compute share then measures that GPU as a whole. A context step in
+ * which no new pid appears (the runtime may look the primary context up in one call and create it in a later
+ * one) marks the process unmapped meanwhile and looks again at its next context step, up to GS_PIDMAP_TRIES. */
 #ifndef GS_PIDMAP_H
 #define GS_PIDMAP_H
 

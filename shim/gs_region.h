@@ -57,12 +57,30 @@ struct gs_region_compute {
     uint64_t resumed;       /* the container was away: the next measurement sets the rate outright */
 };
 
-/* What the node daemon exports per container and GPU, beside the memory and compute above. 64 bytes. */
+/* The compute controller's decayed sums (gs_throttle.c) over one horizon: at every step each is multiplied by
+ * exp(-dt / tau) and the step added. ours/all: NVML's per-process samples (smUtil) of the container's processes
+ * and of every process; gpu: the whole GPU's utilisation (percent) x the step's length; seconds: the steps'
+ * lengths (gpu / seconds is the mean utilisation). 16 bytes. */
+struct gs_share_horizon {
+    float ours, all, gpu, seconds;
+};
+
+/* Both horizons, and the tokens spent over the slow one. 40 bytes. */
+struct gs_share_sums {
+    struct gs_share_horizon fast; /* what the policy reacts to: a neighbour that starts, an idle GPU */
+    struct gs_share_horizon slow; /* what a token buys: enough samples to tell the container's part */
+    float tokens;
+    float unused;
+};
+
+/* What the node daemon exports per container and GPU, beside the memory and compute above (and the controller's
+ * sums). 64 bytes. */
 struct gs_region_stats {
     uint64_t refused;       /* allocations refused at the memory cap */
     uint64_t refused_bytes; /* the bytes they asked for */
     uint64_t throttled_ns;  /* time launches waited for the compute share (summed over the processes' threads) */
-    uint64_t pad[5];
+    struct gs_share_sums sums; /* the compute controller's, not exported: in the file so that whichever process of
+                                * the container takes a step goes on from the last one's */
 };
 
 struct gs_region {

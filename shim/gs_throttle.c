@@ -16,7 +16,12 @@
 #define GS_BATCH_NS 1000000LL         /* a batch is about 1 ms of budget */
 #define GS_CAPACITY_NS 50000000LL     /* the pool holds at most 50 ms of budget */
 #define GS_MAX_BATCH (1LL << 30)
-#define GS_UNMEASURED_NS 3000000000ULL /* launching without any newer NVML sample this long: measure the GPU */
+#define GS_UNMEASURED_NS 3000000000ULL /* launching on a busy GPU with no per-process sample at all this long:
+                                         * measure the whole GPU */
+#define GS_UNSEEN_NS 10000000000ULL   /* launching on a busy GPU while no sample names the container this long */
+#define GS_FAST_TAU_S 1.5             /* the policy's view of the GPU forgets with this time constant */
+#define GS_SLOW_TAU_S 20.0            /* what a token buys is learnt over this: a driver that samples the resident
+                                       * process names a 30 % container in about 3 of 10 samples, 5 a second */
 #define GS_UNRESERVED_START 10000LL   /* no compute reserved: tokens per second before the first measurement */
 
 /* What this process's controller thread keeps per GPU. */
@@ -66,14 +71,41 @@ static void refill(struct gs_region_compute *c, int64_t rate)
 
 /* --- measuring ------------------------------------------------------------------------------------------------ */
 
-/* The container's utilisation of GPU d (percent), -1 when there is nothing to learn this step. *gpu: the whole
- * GPU's; *others: the other processes' on the GPU, from the same samples (-1 when unknown). Falls back to the
- * whole GPU when per-process figures cannot be had (no per-process NVML, a process of the container that could
- * not be mapped, processes that launch but never show in the samples): the share is then held against the
- * neighbours' use too, so it is never exceeded (but a container beside busy neighbours gets less). */
-static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu, int *others)
+enum measured {
+    GS_UNREAD = -1, /* NVML could not be read: nothing changes, the tokens add up until it can */
+    GS_SUMMED = 0,  /* the sums took the step, but nothing tells the container's part yet */
+    GS_PER_PROCESS, /* the container's part from NVML's per-process samples */
+    GS_WHOLE_GPU,   /* the container measured as the whole GPU (its part cannot be told) */
+};
+
+/* Decay a horizon's sums by the step's length and add the step. */
+static void add_step(struct gs_share_horizon *h, double tau, double dt, int gpu, const struct gs_usage_sampled *s)
 {
-    *others = -1;
+    double keep = exp(-dt / tau);
+    h->ours = (float)(h->ours * keep + s->ours);
+    h->all = (float)(h->all * keep + s->all);
+    h->gpu = (float)(h->gpu * keep + gpu * dt);
+    h->seconds = (float)(h->seconds * keep + dt);
+}
+
+/* The container's use of a GPU as one step measured it, in percent of the GPU. */
+struct use {
+    double cu, gpu, others; /* over the fast horizon: the container's, the whole GPU's, everyone else's (-1:
+                             * unknown) */
+    double cu_slow;         /* the container's over the slow horizon */
+    double per_s;           /* tokens spent per second over the slow horizon */
+};
+
+/* The container's use of GPU d (struct use). Its part of the GPU's use is its part of NVML's per-process samples
+ * over the same seconds (ours / all: right whichever way the driver samples, gs_usage.h). Falls back to the
+ * whole GPU when that cannot be had: no per-process NVML, a process of the container that could not be mapped,
+ * or samples that name none of the container's processes for GS_UNSEEN_NS while they launch on a busy GPU (the
+ * share is then held against the neighbours' use too, so it is never exceeded, but a container beside busy
+ * neighbours gets less). */
+static enum measured measure(int d, struct gs_region_compute *c, struct gs_share_sums *m, uint64_t used, double dt,
+                             struct use *out)
+{
+    out->others = -1;
     struct watch *w = &watches[d];
     if (!w->nvml && !w->tried++) {
         if (gs_usage_device(gs_gates[d].uuid, &w->nvml) != 0) {
@@ -82,42 +114,58 @@ static int measure(int d, struct gs_region_compute *c, uint64_t used, int *gpu, 
                     gs_gates[d].uuid, gs_gates[d].share);
         }
     }
-    if (!w->nvml)
-        return -1;
-    *gpu = gs_usage_gpu(w->nvml);
+    int g = w->nvml ? gs_usage_gpu(w->nvml) : -1;
+    if (g < 0)
+        return GS_UNREAD;
     unsigned pids[GS_USAGE_MAX_PROCS];
-    int unmapped, npids = gs_pidmap_container(pids, GS_USAGE_MAX_PROCS, &unmapped), fresh = 0;
-    int cu = -1;
+    int unmapped, npids = gs_pidmap_container(pids, GS_USAGE_MAX_PROCS, &unmapped);
+    struct gs_usage_sampled s = {0};
+    int per_process = -1;
     if (npids > 0 && !unmapped) {
         uint64_t seen = __atomic_load_n(&c->last_seen_us, __ATOMIC_RELAXED);
-        cu = gs_usage_of(w->nvml, pids, npids, &seen, &fresh, others);
+        per_process = gs_usage_samples(w->nvml, pids, npids, &seen, &s);
         __atomic_store_n(&c->last_seen_us, seen, __ATOMIC_RELAXED);
     }
+    add_step(&m->fast, GS_FAST_TAU_S, dt, g, &s);
+    add_step(&m->slow, GS_SLOW_TAU_S, dt, g, &s);
+    m->tokens = (float)(m->tokens * exp(-dt / GS_SLOW_TAU_S) + (double)used);
+    out->gpu = m->fast.gpu / m->fast.seconds;
+    out->per_s = m->tokens / m->slow.seconds;
+    double gpu_slow = m->slow.gpu / m->slow.seconds;
     uint64_t now = now_ns();
     const char *why = unmapped ? "a process of this container could not be told apart in NVML's process list"
                       : npids ? "NVML reports no per-process utilisation for this container's processes"
                               : "NVML reports no per-process utilisation here";
-    if (cu >= 0) {
-        int idle = *gpu >= 0 && *gpu < 2;
-        if (!fresh && idle)
-            fresh = 1, cu = 0, *others = 0; /* the GPU is idle: so is the container */
-        /* Launching while NVML shows the container idle and the GPU busy: no newer sample yet (wait for the
-         * driver's next one), or NVML does not see these processes as ours (then measure the whole GPU). */
-        if (!used || idle || (fresh && cu > 0)) {
+    if (per_process == 0) {
+        /* Launching on a busy GPU while no sample names the container: with a driver that samples the resident
+         * process, a small share is named seldom, so only a long silence means NVML does not see these
+         * processes as ours; with no samples at all, a short one. */
+        if (s.mine || !used || out->gpu < 2)
             c->unmeasured_since = 0;
-            return fresh ? cu : -1;
-        }
-        if (!c->unmeasured_since)
+        else if (!c->unmeasured_since)
             c->unmeasured_since = now;
-        if (now - c->unmeasured_since < GS_UNMEASURED_NS)
-            return -1;
-        why = fresh ? "NVML shows no use by this container's processes while they launch kernels"
-                    : "NVML has had no newer per-process sample for a second";
+        uint64_t silent = c->unmeasured_since ? now - c->unmeasured_since : 0;
+        if (m->slow.all > 0 && silent < GS_UNSEEN_NS) {
+            out->cu = m->fast.all > 0 ? out->gpu * m->fast.ours / m->fast.all : 0;
+            out->others = out->gpu - out->cu;
+            out->cu_slow = gpu_slow * m->slow.ours / m->slow.all;
+            return GS_PER_PROCESS;
+        }
+        if (out->gpu < 2) {
+            out->cu = out->others = out->cu_slow = 0; /* the GPU is idle: so is the container */
+            return GS_PER_PROCESS;
+        }
+        if (silent < GS_UNMEASURED_NS)
+            return GS_SUMMED;
+        why = m->slow.all > 0 ? "NVML's per-process samples have not named this container's processes for 10 s "
+                                "while they launch kernels"
+                              : "NVML has reported no per-process utilisation while this container launches kernels";
     }
-    *others = -1;
     if (!w->warned_whole++)
         GS_WARN("%s: %s; the compute share is held against the whole GPU's utilisation", gs_gates[d].uuid, why);
-    return *gpu;
+    out->cu = out->gpu;
+    out->cu_slow = gpu_slow;
+    return GS_WHOLE_GPU;
 }
 
 /* --- the controller ---------------------------------------------------------------------------------------- */
@@ -168,6 +216,7 @@ static int target_share(int d, struct gs_region_compute *c, int share, int cu, i
 static void control(int d)
 {
     struct gs_region_compute *c = gs_gates[d].c;
+    struct gs_share_sums *sums = &gs_region_map()->stats[gs_gates[d].rd].sums;
     uint64_t now = now_ns(), next = __atomic_load_n(&c->next_step, __ATOMIC_ACQUIRE);
     uint64_t period = GS_CONTROL_PERIOD_MS * 1000000ULL;
     if (now < next || !__atomic_compare_exchange_n(&c->next_step, &next, now + period * 9 / 10, 0,
@@ -182,21 +231,23 @@ static void control(int d)
         c->step_at = now;
         c->step_spent = spent;
         c->step_waits = waits;
+        memset(sums, 0, sizeof *sums);
         __atomic_store_n(&c->resumed, 1, __ATOMIC_RELAXED);
         return;
     }
-    /* Tokens and samples both since the last measurement: the driver's samples may come less often than the
-     * steps, and then the tokens add up until they do. */
     uint64_t used = spent - c->step_spent;
     int waited = waits != c->step_waits;
     double dt = (double)(now - last) / 1e9;
-    int u = -1, others;
-    int cu = measure(d, c, used, &u, &others);
-    if (cu < 0)
+    struct use m;
+    enum measured how = measure(d, c, sums, used, dt, &m);
+    if (how == GS_UNREAD)
         return;
     c->step_at = now;
     c->step_spent = spent;
     c->step_waits = waits;
+    if (how == GS_SUMMED)
+        return;
+    int cu = (int)lround(m.cu), u = (int)lround(m.gpu), others = m.others < 0 ? -1 : (int)lround(m.others);
     int share = gs_gates[d].share, reclaim;
     int a = target_share(d, c, share, cu, others, now, &reclaim);
     int outright = reclaim || __atomic_load_n(&c->resumed, __ATOMIC_RELAXED);
@@ -207,12 +258,13 @@ static void control(int d)
     int64_t rate = __atomic_load_n(&c->rate, __ATOMIC_RELAXED), rnext;
     if (!used)
         return; /* nothing launched: nothing to learn */
-    if (cu < 1) {
+    if (m.cu_slow < 1) {
         if (!waited || !rate)
             return;
         rnext = rate * 2; /* held back while the container shows no use: open up */
     } else {
-        double target = (double)used / dt * a / cu;
+        /* what the container spent per percent of the GPU it used, over the same seconds, times the aim */
+        double target = m.per_s * a / m.cu_slow;
         double r = target;
         /* smoothed, but not the growth of a container that reserved no compute: its aim grows a few points a step */
         if (rate && !outright && !(gs_gates[d].unreserved && a > cu)) {
@@ -229,8 +281,9 @@ static void control(int d)
     }
     __atomic_store_n(&c->resumed, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&c->rate, rnext, __ATOMIC_RELEASE);
-    GS_DEBUG("CUDA device %d: container %d%%, GPU %d%% (share %d%%, aiming at %d%%), %.0f tokens/s -> rate %lld", d,
-             cu, u, share, a, (double)used / dt, (long long)rnext);
+    GS_DEBUG("CUDA device %d: container %.1f%% (last seconds %.1f%%), GPU %.1f%% (share %d%%, aiming at %d%%), "
+             "%.0f tokens/s -> rate %lld",
+             d, m.cu_slow, m.cu, m.gpu, share, a, m.per_s, (long long)rnext);
 }
 
 static void *controller(void *arg)

@@ -103,35 +103,8 @@ int gs_usage_gpu(nvmlDevice_t dev)
     return u.gpu > 100 ? 100 : (int)u.gpu;
 }
 
-/* A pid's samples may come more than once (one per driver sample period): each pid counts with the mean of
- * its samples. The sum over the pids in `pids` goes to *ours, over all the others to *others. */
-static void sums(const unsigned *pids, int npids, const unsigned *spid, const unsigned *sm, unsigned n, int *ours,
-                 int *others)
-{
-    *ours = *others = 0;
-    for (unsigned i = 0; i < n; i++) {
-        int first = 1;
-        for (unsigned j = 0; j < i && first; j++)
-            first = spid[j] != spid[i];
-        if (!first)
-            continue; /* this pid was counted at its first sample */
-        unsigned sum = 0, count = 0;
-        for (unsigned j = i; j < n; j++)
-            if (spid[j] == spid[i]) {
-                sum += sm[j];
-                count++;
-            }
-        int mine = 0;
-        for (int k = 0; k < npids && !mine; k++)
-            mine = pids[k] == spid[i];
-        *(mine ? ours : others) += (int)((sum + count / 2) / count);
-    }
-    *ours = *ours > 100 ? 100 : *ours;
-    *others = *others > 100 ? 100 : *others;
-}
-
-int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh,
-                int *others)
+int gs_usage_samples(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us,
+                     struct gs_usage_sampled *out)
 {
     union {
         gs_nvml_proc_util_t info[GS_USAGE_MAX_PROCS];
@@ -143,8 +116,7 @@ int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *las
     unsigned n = 0;
     unsigned long long newest = *last_seen_us;
     nvmlReturn_t rc;
-    *fresh = 0;
-    *others = 0;
+    *out = (struct gs_usage_sampled){0};
     if (gs_nvml.nvmlDeviceGetProcessesUtilizationInfo) {
         gs_nvml_procs_util_t info = {GS_NVML_PROCS_UTIL_V1, GS_USAGE_MAX_PROCS, *last_seen_us, info_buf};
         rc = gs_nvml.nvmlDeviceGetProcessesUtilizationInfo(dev, &info);
@@ -176,9 +148,17 @@ int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *las
         GS_DEBUG("per-process utilisation: NVML error %d", rc);
         return rc == NVML_ERROR_INSUFFICIENT_SIZE ? 0 : -1;
     }
-    *fresh = 1;
     *last_seen_us = newest;
-    int ours;
-    sums(pids, npids, spid, sm, n, &ours, others);
-    return ours;
+    for (unsigned i = 0; i < n; i++) {
+        int mine = 0;
+        for (int k = 0; k < npids && !mine; k++)
+            mine = pids[k] == spid[i];
+        out->entries++;
+        out->all += sm[i] > 100 ? 100 : sm[i];
+        if (mine) {
+            out->mine++;
+            out->ours += sm[i] > 100 ? 100 : sm[i];
+        }
+    }
+    return 0;
 }

@@ -20,13 +20,21 @@ int gs_usage_processes(nvmlDevice_t dev, unsigned *pids, int max);
 /* The whole GPU's utilisation in percent (nvmlDeviceGetUtilizationRates), or -1. */
 int gs_usage_gpu(nvmlDevice_t dev);
 
-/* The summed utilisation of the processes `pids` from per-process samples newer than *last_seen_us (advanced
- * to the newest sample seen): percent of the GPU, 0 when NVML has no newer sample with utilisation
- * (NVML_ERROR_NOT_FOUND), -1 when the driver does not report per-process utilisation. *others: the same sum
- * over every other process in those samples (the neighbours), from the same samples so the two compare.
- * *fresh: 1 when newer samples came back (for any process), 0 when there were none. Uses
- * nvmlDeviceGetProcessesUtilizationInfo where the driver has it (R550+), else nvmlDeviceGetProcessUtilization. */
-int gs_usage_of(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us, int *fresh,
-                int *others);
+/* What NVML's per-process samples newer than a timestamp say. Drivers differ in what a sample is: one entry per
+ * process and sample period with its share of the period (the sum over processes is the GPU's use), or, as seen
+ * on an H100 with driver 580, one entry per period naming the single process resident on the GPU at that
+ * moment with the whole GPU's use. Either way the container's part of the GPU's use over many samples is
+ * ours / all, which is how the compute share reads them (gs_throttle.c). */
+struct gs_usage_sampled {
+    unsigned entries, mine; /* entries returned, and those of the given processes */
+    unsigned ours, all;     /* smUtil summed over those of the given processes, and over all (each at most 100) */
+};
+
+/* The per-process samples newer than *last_seen_us (advanced to the newest seen), summed into *out for the
+ * processes `pids` and for all. 0 (NVML_ERROR_NOT_FOUND, no newer sample: 0 with no entries), or -1 when the
+ * driver does not report per-process utilisation. Uses nvmlDeviceGetProcessesUtilizationInfo where the driver has
+ * it (R550+), else nvmlDeviceGetProcessUtilization. */
+int gs_usage_samples(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t *last_seen_us,
+                     struct gs_usage_sampled *out);
 
 #endif /* GS_USAGE_H */
