@@ -41,7 +41,8 @@ FAKE_EVENT_GPU_LOST = 0x8000000000000000
 MAX_GPUS = 16
 EVENT_RING = 64
 STATE_MAGIC = 0x3154535550474B46
-STATE_VERSION = 2
+STATE_VERSION = 3
+SAMPLES_SHARE, SAMPLES_RESIDENT = 0, 1  # fake_gpu_timeline.h FAKE_GPU_SAMPLES_*
 MAX_PROCS = 64
 SEGMENTS = 512
 PROC_SAMPLES = 16
@@ -288,7 +289,8 @@ class _State(ctypes.Structure):
         ("host_pid_offset", ctypes.c_uint32),
         ("sample_period_ms", ctypes.c_uint32),
         ("proc_lock", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32 * 5),
+        ("sample_mode", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32 * 4),
         ("gpus", _Slot * MAX_GPUS),
         ("events", _Event * EVENT_RING),
         ("timeline", _Timeline * MAX_GPUS),
@@ -325,6 +327,7 @@ def python_state_layout() -> list[int]:
         ctypes.sizeof(_Proc),
         _Proc.host_pid.offset,
         _Proc.busy_ns.offset,
+        _State.sample_mode.offset,
     ]
 
 
@@ -366,11 +369,14 @@ class FakeDriver:
         name: str = "nvml.conf",
         host_pid_offset: int = DEFAULT_HOST_PID_OFFSET,
         sample_period_ms: int = 50,
+        resident_samples: bool = False,
     ) -> FakeDriver:
         """Write `<directory>/<name>` and a fresh state file next to it; return the driver.
 
         host_pid_offset: NVML reports each process as pid + this (0: its own pid), as a host sees a pod's
-        processes. sample_period_ms: how often the simulated GPU takes utilisation samples.
+        processes. sample_period_ms: how often the simulated GPU takes utilisation samples. resident_samples:
+        each per-process sample names the one process resident on the GPU with the whole GPU's use (as an H100
+        with driver 580 reports them), rather than every process with its own share.
         """
         if not 0 <= host_pid_offset < 1 << 31:
             raise ValueError(f"host_pid_offset must be 0..2^31-1, not {host_pid_offset}")
@@ -399,6 +405,7 @@ class FakeDriver:
         assert driver._state is not None
         driver._state.host_pid_offset = host_pid_offset
         driver._state.sample_period_ms = sample_period_ms
+        driver._state.sample_mode = SAMPLES_RESIDENT if resident_samples else SAMPLES_SHARE
         return driver
 
     @classmethod

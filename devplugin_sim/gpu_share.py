@@ -66,11 +66,12 @@ def require_built() -> None:
         raise FileNotFoundError(f"not built: {', '.join(map(str, missing))}; run `make native`")
 
 
-def make_gpu(directory: Path, sample_period_ms: int = 50) -> FakeDriver:
-    """A node with one simulated GPU (132 SMs) whose NVML reports host pids (pid + 100000)."""
+def make_gpu(directory: Path, sample_period_ms: int = 50, resident_samples: bool = False) -> FakeDriver:
+    """A node with one simulated GPU (132 SMs) whose NVML reports host pids (pid + 100000); resident_samples: its
+    per-process samples each name the one process resident on the GPU (FakeDriver.create)."""
     gpu = FakeGPU(index=0, uuid=seed_uuid(0, "share"), name="NVIDIA H100 80GB HBM3", memory_mib=81920, minor=0,
                   pci_bus_id="00000000:01:00.0", sms=132)
-    return FakeDriver.create(directory, [gpu], sample_period_ms=sample_period_ms)
+    return FakeDriver.create(directory, [gpu], sample_period_ms=sample_period_ms, resident_samples=resident_samples)
 
 
 class Run:

@@ -15,6 +15,7 @@
  *   events[]         fake_gpu_state_post_event only (tests raise XIDs through fakeNvml_postEvent)
  *   host_pid_offset  tests (FakeDriver.create): NVML reports pid + offset, as a host sees a pod's processes
  *   sample_period_ms tests: how often the simulated GPU takes a utilisation sample (0 = 50 ms)
+ *   sample_mode      tests: what a per-process sample holds (fake_gpu_timeline.h)
  *   timeline[], procs[]  the fake libcuda and NVML, through fake_gpu_timeline.h (the simulated GPU's work)
  * Readers use __atomic_load_n; every field is naturally aligned, so plain aligned stores from Python
  * (ctypes over mmap) are single stores too.
@@ -49,7 +50,7 @@
 #define FAKE_GPU_CONFIG_ENV "FAKE_NVML_CONFIG"
 #define FAKE_GPU_STATE_SUFFIX ".state"
 #define FAKE_GPU_STATE_MAGIC 0x3154535550474b46ULL /* "FKGPUST1" read as little-endian bytes */
-#define FAKE_GPU_STATE_VERSION 2u
+#define FAKE_GPU_STATE_VERSION 3u
 #define FAKE_GPU_MAX_GPUS 16
 #define FAKE_GPU_EVENT_RING 64
 #define FAKE_GPU_MAX_PROCS 64      /* process contexts, across all GPUs */
@@ -130,7 +131,8 @@ struct fake_gpu_state {
     uint32_t host_pid_offset;       /* NVML pid = getpid() + this, for processes without a driver socket */
     uint32_t sample_period_ms;      /* utilisation sample period; 0 = FAKE_GPU_SAMPLE_MS_DEFAULT */
     uint32_t proc_lock;             /* guards procs[] registration; same protocol as fake_gpu_timeline.lock */
-    uint32_t reserved[5];
+    uint32_t sample_mode;           /* FAKE_GPU_SAMPLES_SHARE or FAKE_GPU_SAMPLES_RESIDENT (fake_gpu_timeline.h) */
+    uint32_t reserved[4];
     struct fake_gpu_slot gpus[FAKE_GPU_MAX_GPUS];
     struct fake_gpu_event events[FAKE_GPU_EVENT_RING];
     struct fake_gpu_timeline timeline[FAKE_GPU_MAX_GPUS];

@@ -3,10 +3,16 @@
  * Each GPU has one timeline: a launch queues `blocks * ns_per_block` of work after whatever is queued already
  * (by any process), so kernels of several processes run one after another, as on a GPU time-sliced between
  * contexts. Queued work is kept as spans (process, start, end); "settling" at time t credits the part of each
- * span that ran before t to the GPU's and the owning process's busy time. Every `sample_period_ms` (lazily: at
- * the next launch or query after the period) a sample is taken: the busy share of the span since the last
- * sample for the GPU (nvmlDeviceGetUtilizationRates) and for each process context on it
- * (nvmlDeviceGetProcessUtilization).
+ * span that ran before t to the GPU's and the owning process's busy time. Every `sample_period_ms` a sample is
+ * taken (lazily: at the next launch or query, one for each period boundary passed): the busy share of the span
+ * since the last sample for the GPU (nvmlDeviceGetUtilizationRates) and, per process
+ * (nvmlDeviceGetProcessUtilization), as the state's sample_mode says:
+ *   FAKE_GPU_SAMPLES_SHARE     each process context on it gets its busy share of the span (the sum over processes
+ *                              is the GPU's);
+ *   FAKE_GPU_SAMPLES_RESIDENT  one process gets the GPU's whole share of the span: the one running at the
+ *                              sample's instant (with the GPU idle then, the busiest in the span). This is
+ *                              what an H100 with driver 580 was seen to report: an entry every 200 ms naming one
+ *                              process, so a process's part shows only as its part of the entries over time.
  *
  * Identities: a process appears in procs[], spans and lock words under its identity (fake_gpu_ident.h): its host
  * pid when the config names a driver socket, else its getpid(); liveness is asked the same way.
@@ -24,6 +30,8 @@
 #include "fake_gpu_state.h"
 
 #define FAKE_GPU_SAMPLE_MS_DEFAULT 50
+#define FAKE_GPU_SAMPLES_SHARE 0u
+#define FAKE_GPU_SAMPLES_RESIDENT 1u
 #define FAKE_GPU_RECENT_WORK_NS 2000000000ULL /* kernels within this long: NVML reports the timeline's load */
 
 static inline uint64_t fake_tl_now_ns(void)
@@ -102,26 +110,39 @@ static inline void fake_tl_settle(struct fake_gpu_state *s, unsigned gpu, uint64
     t->settled_at = now;
 }
 
-/* Take a utilisation sample when the period has passed. Timeline lock held, settled to now. */
-static inline void fake_tl_sample(struct fake_gpu_state *s, unsigned gpu, uint64_t now)
+/* Take the sample due at `at` (a period boundary, or now after a long quiet stretch), stamped ts (realtime, us).
+ * Timeline lock held, settled to `at`. */
+static inline void fake_tl_sample_at(struct fake_gpu_state *s, unsigned gpu, uint64_t at, uint64_t ts)
 {
     struct fake_gpu_timeline *t = &s->timeline[gpu];
-    uint32_t ms = __atomic_load_n(&s->sample_period_ms, __ATOMIC_RELAXED);
-    uint64_t period = (uint64_t)(ms ? ms : FAKE_GPU_SAMPLE_MS_DEFAULT) * 1000000ULL;
-    if (t->last_sample_ns && now - t->last_sample_ns < period)
-        return;
-    uint64_t span = t->last_sample_ns ? now - t->last_sample_ns : 0;
+    uint64_t span = t->last_sample_ns ? at - t->last_sample_ns : 0;
     if (span) {
         uint64_t util = ((t->busy_ns - t->sampled_busy_ns) * 100 + span / 2) / span;
         __atomic_store_n(&t->util_percent, (uint32_t)(util > 100 ? 100 : util), __ATOMIC_RELAXED);
     }
-    uint64_t ts = fake_tl_realtime_us();
+    int resident = __atomic_load_n(&s->sample_mode, __ATOMIC_RELAXED) == FAKE_GPU_SAMPLES_RESIDENT;
+    /* resident: the procs[] entry the sample names: the one running at the sample's instant (settled to it, the
+     * head span is the one running), or with the GPU idle then, the busiest in the span */
+    int named = -1;
+    if (resident && t->nseg && t->seg[t->head].start <= at && t->seg[t->head].proc < FAKE_GPU_MAX_PROCS &&
+        s->procs[t->seg[t->head].proc].pid == t->seg[t->head].pid)
+        named = (int)t->seg[t->head].proc;
+    uint64_t most = 0;
+    for (unsigned i = 0; resident && named < 0 && i < FAKE_GPU_MAX_PROCS; i++) {
+        const struct fake_gpu_proc *p = &s->procs[i];
+        uint64_t ran = p->busy_ns - p->sampled_busy_ns;
+        if (__atomic_load_n(&p->pid, __ATOMIC_ACQUIRE) && p->gpu == gpu && ran > most) {
+            most = ran;
+            named = (int)i;
+        }
+    }
     for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         struct fake_gpu_proc *p = &s->procs[i];
         if (!__atomic_load_n(&p->pid, __ATOMIC_ACQUIRE) || p->gpu != gpu)
             continue;
-        if (span) {
-            uint64_t util = ((p->busy_ns - p->sampled_busy_ns) * 100 + span / 2) / span;
+        if (span && (!resident || (int)i == named)) {
+            uint64_t busy = resident ? t->busy_ns - t->sampled_busy_ns : p->busy_ns - p->sampled_busy_ns;
+            uint64_t util = (busy * 100 + span / 2) / span;
             struct fake_gpu_sample *smp = &s->procs[i].samples[p->nsamples % FAKE_GPU_PROC_SAMPLES];
             smp->ts_us = ts;
             smp->sm_util = (uint32_t)(util > 100 ? 100 : util);
@@ -131,7 +152,30 @@ static inline void fake_tl_sample(struct fake_gpu_state *s, unsigned gpu, uint64
         p->sampled_busy_ns = p->busy_ns;
     }
     t->sampled_busy_ns = t->busy_ns;
-    t->last_sample_ns = now;
+    t->last_sample_ns = at;
+}
+
+#define FAKE_TL_CATCH_UP 64 /* periods passed without a launch or query: more are taken as one sample */
+
+/* Settle to now, taking the samples due on the way: one at each period boundary passed, as a driver's timer
+ * does (samples taken lazily at whichever launch or query came next would favour some processes over others).
+ * Timeline lock held. */
+static inline void fake_tl_advance(struct fake_gpu_state *s, unsigned gpu, uint64_t now)
+{
+    struct fake_gpu_timeline *t = &s->timeline[gpu];
+    uint32_t ms = __atomic_load_n(&s->sample_period_ms, __ATOMIC_RELAXED);
+    uint64_t period = (uint64_t)(ms ? ms : FAKE_GPU_SAMPLE_MS_DEFAULT) * 1000000ULL;
+    uint64_t ts_now = fake_tl_realtime_us();
+    if (!t->last_sample_ns || now - t->last_sample_ns > FAKE_TL_CATCH_UP * period) {
+        fake_tl_settle(s, gpu, now);
+        fake_tl_sample_at(s, gpu, now, ts_now);
+        return;
+    }
+    for (uint64_t due = t->last_sample_ns + period; due <= now; due += period) {
+        fake_tl_settle(s, gpu, due);
+        fake_tl_sample_at(s, gpu, due, ts_now - (now - due) / 1000);
+    }
+    fake_tl_settle(s, gpu, now);
 }
 
 /* Settle and sample GPU `gpu` (a state slot) at the current time (for readers: NVML queries, tests). 0, or -1
@@ -142,8 +186,7 @@ static inline int fake_tl_update(struct fake_gpu_state *s, unsigned gpu)
     if (fake_tl_lock(&t->lock) != 0)
         return -1;
     uint64_t now = fake_tl_now_ns();
-    fake_tl_settle(s, gpu, now);
-    fake_tl_sample(s, gpu, now);
+    fake_tl_advance(s, gpu, now);
     fake_tl_unlock(&t->lock);
     return 0;
 }
@@ -207,8 +250,7 @@ static inline uint64_t fake_tl_queue(struct fake_gpu_state *s, unsigned gpu, int
     struct fake_gpu_timeline *t = &s->timeline[gpu];
     fake_tl_lock_as(&t->lock, (uint32_t)me);
     uint64_t now = fake_tl_now_ns();
-    fake_tl_settle(s, gpu, now);
-    fake_tl_sample(s, gpu, now);
+    fake_tl_advance(s, gpu, now);
     uint64_t start = t->busy_until > now ? t->busy_until : now, end = 0;
     struct fake_gpu_segment *last = t->nseg ? &t->seg[(t->head + t->nseg - 1) % FAKE_GPU_SEGMENTS] : NULL;
     if (last && last->proc == (uint32_t)proc && last->pid == me && last->end == start) {

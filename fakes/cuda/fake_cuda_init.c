@@ -213,11 +213,16 @@ CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 }
 FAKE_EXPORT(cuDeviceTotalMem_v2)
 
-/* A process's first context on a GPU takes FAKE_CUDA_CONTEXT_MIB of its memory, as a real one does. */
+/* A process's first context on a GPU takes FAKE_CUDA_CONTEXT_MIB of its memory, as a real one does. NVML lists the
+ * process from its FAKE_CUDA_LISTED_AFTER-th context call on the GPU (default the first): a runtime whose first
+ * call only looks the primary context up, and creates it in a later one, as PyTorch's start on a real driver was
+ * seen to do. */
 static CUresult charge_context(int dev)
 {
+    static unsigned calls[FAKE_CUDA_MAX_DEVICES];
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&ctx_lock);
+    unsigned call = ++calls[dev];
     if (!context_charged[dev]) {
         uint64_t bytes = fake_env_u64("FAKE_CUDA_CONTEXT_MIB", 0) << 20;
         rc = bytes ? fake_mem_take(dev, bytes) : CUDA_SUCCESS;
@@ -227,7 +232,7 @@ static CUresult charge_context(int dev)
         }
     }
     pthread_mutex_unlock(&ctx_lock);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && call >= fake_env_u64("FAKE_CUDA_LISTED_AFTER", 1))
         fake_sim_attach(dev);
     return rc;
 }

@@ -567,7 +567,9 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlU
 }
 
 /* One entry per process context on the GPU whose kernels ran in samples newer than lastSeen: the time-weighted
- * mean of those samples, stamped with the newest. */
+ * mean of those samples, stamped with the newest; with resident samples (fake_gpu_timeline.h), one entry per
+ * sample. */
+#define FAKE_TL_MAX_ENTRIES (FAKE_GPU_MAX_PROCS * FAKE_GPU_PROC_SAMPLES)
 struct proc_util {
     unsigned pid;
     unsigned long long ts;
@@ -581,13 +583,13 @@ static int collect_process_util(unsigned gpu, unsigned long long lastSeen, struc
 {
     struct fake_gpu_state *st = g_map->state;
     struct fake_gpu_timeline *t = &st->timeline[gpu];
-    int32_t ids[FAKE_GPU_MAX_PROCS];
+    int32_t ids[FAKE_TL_MAX_ENTRIES];
     unsigned n = 0;
+    int resident = __atomic_load_n(&st->sample_mode, __ATOMIC_RELAXED) == FAKE_GPU_SAMPLES_RESIDENT;
     if (fake_tl_lock(&t->lock) != 0)
         return -1;
     uint64_t now = fake_tl_now_ns();
-    fake_tl_settle(st, gpu, now);
-    fake_tl_sample(st, gpu, now);
+    fake_tl_advance(st, gpu, now);
     for (unsigned i = 0; i < FAKE_GPU_MAX_PROCS; i++) {
         const struct fake_gpu_proc *p = &st->procs[i];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
@@ -599,12 +601,17 @@ static int collect_process_util(unsigned gpu, unsigned long long lastSeen, struc
             const struct fake_gpu_sample *smp = &p->samples[(total - 1 - k) % FAKE_GPU_PROC_SAMPLES];
             if (smp->ts_us <= lastSeen)
                 continue;
+            if (resident) { /* each sample is its own entry, as the driver that samples this way returns them */
+                ids[n] = pid;
+                out[n++] = (struct proc_util){p->host_pid, smp->ts_us, smp->sm_util};
+                continue;
+            }
             weighted += (unsigned long long)smp->sm_util * smp->span_us;
             span += smp->span_us;
             newest = smp->ts_us > newest ? smp->ts_us : newest;
         }
         unsigned sm = span ? (unsigned)((weighted + span / 2) / span) : 0;
-        if (sm) {
+        if (sm && !resident) {
             ids[n] = pid;
             out[n++] = (struct proc_util){p->host_pid, newest, sm};
         }
@@ -635,7 +642,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvm
         r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
-    struct proc_util found[FAKE_GPU_MAX_PROCS];
+    struct proc_util found[FAKE_TL_MAX_ENTRIES];
     int got = collect_process_util(slot(dev->index), lastSeen, found);
     if (got < 0)
         return NVML_ERROR_UNKNOWN;
@@ -663,7 +670,7 @@ FAKE_NVML_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t de
         r = NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
-    struct proc_util found[FAKE_GPU_MAX_PROCS];
+    struct proc_util found[FAKE_TL_MAX_ENTRIES];
     int got = collect_process_util(slot(dev->index), info->lastSeenTimeStamp, found);
     if (got < 0)
         return NVML_ERROR_UNKNOWN;
@@ -996,6 +1003,7 @@ FAKE_NVML_API int fakeNvml_stateLayout(unsigned long long *out, int n)
         sizeof(struct fake_gpu_proc),
         offsetof(struct fake_gpu_proc, host_pid),
         offsetof(struct fake_gpu_proc, busy_ns),
+        offsetof(struct fake_gpu_state, sample_mode),
     };
     int count = (int)(sizeof v / sizeof v[0]);
     for (int i = 0; i < n && i < count; i++)
