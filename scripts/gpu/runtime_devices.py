@@ -11,6 +11,7 @@ Results in $OUT/runtime_devices.jsonl.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import tempfile
 from pathlib import Path
@@ -47,7 +48,22 @@ def check(probe: Path, cudart: str, work: Path) -> dict:
                   "allocation charged to GPU 1", ok, {"steps": steps, "want_meminfo": want, "stderr": stderr[-500:]})
 
 
+def nvml_gpus() -> int:
+    """GPUs NVML counts, asked before anything is built (a machine with one needs no toolkit for this check)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_uint(0)
+    if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
 def main() -> int:
+    if nvml_gpus() < 2:
+        print("SKIP runtime_devices: this machine has fewer than two GPUs", flush=True)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="gs-runtime-devices-"))
     try:
         probes = {cudart: cuda_toolkit.build(REPO / "tests" / "cuda" / "rt_probe.cu",

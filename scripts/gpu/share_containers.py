@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report, run_json, save, shim_env  # noqa: E402
 from spin_share import build  # noqa: E402
 
-SECONDS = 12
-SETTLE = 4
+SECONDS = 30
+SETTLE = 10  # NVML may name one process per 200 ms sample: a 30 % container's part takes seconds of samples
 TICK_MS = 100
 # About 1 ms per kernel on current GPUs, 4 kernels between synchronisations: alone, one process keeps the GPU busy
 # (the host's turnaround is well under 1 %), so kernels per second measure GPU time.
