@@ -1,7 +1,7 @@
 """Containers placed by the node daemon's own allocator on the one GPU of a simulated core_mem node, each run with
 the limits file the daemon wrote for it (gpu_share.Container.limits_file).
 
-Used by tests/test_shim_share_unreserved.py and bench/unreserved_share.py: what a container that asks for gpu-mem
+Used by tests/shim/test_share_unreserved.py and bench/unreserved_share.py: what a container that asks for gpu-mem
 only gets beside one with a compute share is decided by the daemon (its limits file) and held by the shim.
 """
 

@@ -1,7 +1,7 @@
 """A container that asks for gpu-mem and no gpu-core.percentage on a core_mem node runs only on compute nobody
 reserved: one rule in the node daemon (placement, limits file, env), the scheduler extender (fit) and the
 validating webhook (a warning), docs/guide/modes.md. The shares it then gets are measured in
-tests/test_shim_share_unreserved.py."""
+tests/shim/test_share_unreserved.py."""
 
 from __future__ import annotations
 

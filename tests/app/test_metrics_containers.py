@@ -133,7 +133,7 @@ def test_each_container_s_use_beside_its_allocation_and_gone_once_it_ended(r: Ru
 
 
 def test_a_hostile_usage_file_changes_only_its_own_figures(r: Running) -> None:
-    from tests.test_usage_file import usage_bytes
+    from tests.shim.test_usage_file import usage_bytes
 
     _, good = admit(r, "good", mem=2, core=50)
     _, bad = admit(r, "bad", mem=2, core=50)

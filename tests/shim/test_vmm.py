@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.shim.vmm_probe import finish, held, run, start
 from tests.support.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MiB, until
 from tests.support.shim_probe import node as node  # the fixture
-from tests.vmm_probe import finish, held, run, start
 
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "1g"}
 MODES = ["gpa", "dlsym"]

@@ -5,7 +5,7 @@ own accounting directory (named by pod UID and container name) writable, nothing
 The mounts are then made as a container runtime makes them (bind mounts, read-only ones remounted read-only) in a
 user and mount namespace, where the "container" is root with every capability: it still cannot write, replace or
 remove its limits file or ld.so.preload, and finds no other container's accounting. (The shim's side, the env not
-overriding the mounted limits file, is tested in tests/test_shim_containment.py.)
+overriding the mounted limits file, is tested in tests/shim/test_containment.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from devplugin import contract
 from devplugin_sim.fake_apiserver import FakeApiserver
 from tests.support.daemon_harness import Running, running
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILT_SHIM = REPO / "build" / "shim" / "libgpushare.so"
 PROTECTED = (contract.CONTAINER_LIB_PATH, contract.CONTAINER_PRELOAD_PATH, contract.CONTAINER_LIMITS_PATH)
 

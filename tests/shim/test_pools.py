@@ -5,9 +5,9 @@ memory, so each test compares the shim's view with what the (fake) GPU holds."""
 
 from __future__ import annotations
 
+from tests.shim.vmm_probe import KEEP_ALL, finish, held
 from tests.support.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MiB
 from tests.support.shim_probe import node as node  # the fixture
-from tests.vmm_probe import KEEP_ALL, finish, held
 
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "1g"}
 

@@ -1,6 +1,6 @@
 """The compute share of one process: launches slow down to the share of the (fake) GPU's time under `force`, every
 launch entry point passes the gate, and the gate follows the GPU launched on. Containers side by side:
-tests/test_shim_share.py."""
+tests/shim/test_share.py."""
 
 from __future__ import annotations
 

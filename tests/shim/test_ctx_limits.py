@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.shim.vmm_probe import finish, held, run
 from tests.support.shim_probe import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MiB
 from tests.support.shim_probe import node as node  # the fixture
-from tests.vmm_probe import finish, held, run
 
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "1g"}
 STACK, PRINTF_FIFO, MALLOC_HEAP = 0, 1, 2
