@@ -45,7 +45,7 @@ test: all helm e2e-bin realk8s-tools ray-venv
 	$(PY) -m pytest -q --durations=30
 
 # PyTorch (its CUDA 13.0 build, 3 GB) in a venv of its own, and the tests that run it under the shim over the fake
-# driver (tests/test_torch.py). Not part of `make test`: the download and install take 6 to 11 minutes on a cold
+# driver (tests/cuda/test_torch.py). Not part of `make test`: the download and install take 6 to 11 minutes on a cold
 # 2-core machine (docs/testing.md, "What a first run costs").
 TORCH_VENV := .venv-torch
 $(TORCH_VENV)/.installed: requirements-torch.txt
@@ -55,7 +55,7 @@ $(TORCH_VENV)/.installed: requirements-torch.txt
 	touch $@
 
 test-torch: all $(TORCH_VENV)/.installed
-	$(PY) -m pytest -q -m torch tests/test_torch.py
+	$(PY) -m pytest -q -m torch tests/cuda/test_torch.py
 
 # The shim's cost on real CUDA runtime calls and on PyTorch's allocator (docs/benchmarks.md).
 bench-cuda: all $(TORCH_VENV)/.installed

@@ -1,6 +1,6 @@
 """What cuBLAS and cuBLASLt need of the fake libcuda beyond what the runtime needs (fakes/README.md, "What cuBLAS
 asks of the driver"): the first-ABI names cuBLASLt looks up with dlsym, the context table (21318c60) and the JIT
-linker. tests/test_cupy.py runs the GEMMs themselves."""
+linker. tests/cuda/test_cupy.py runs the GEMMs themselves."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CuPy on every GPU a container sees, for the shim's tests (tests/test_multi_gpu_share.py), run as a container's
+"""CuPy on every GPU a container sees, for the shim's tests (tests/cuda/test_multi_gpu_share.py), run as a container's
 process over the fake driver: each argument is a step, each step prints one JSON line. Steps:
 devices (the count, and each device's memory as CuPy sees it) | alloc DEVICE MiB | fill DEVICE MiB | ready."""
 

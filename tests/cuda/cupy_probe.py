@@ -1,4 +1,4 @@
-"""CuPy steps for the shim's tests (tests/test_cupy.py), run as a container's process over the fake driver: each
+"""CuPy steps for the shim's tests (tests/cuda/test_cupy.py), run as a container's process over the fake driver: each
 argument is a step, each step prints one JSON line. Steps: init | meminfo | fill MiB | freeall | nvml |
 kernel | asyncfill MiB | gemm N | gemmfor SECONDS N | ready."""
 

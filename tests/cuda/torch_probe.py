@@ -1,4 +1,4 @@
-"""PyTorch steps for the shim's tests (tests/test_torch.py, `make test-torch`), run as a container's process over
+"""PyTorch steps for the shim's tests (tests/cuda/test_torch.py, `make test-torch`), run as a container's process over
 the fake driver with the allocator PYTORCH_CUDA_ALLOC_CONF selects: each argument is a step, each step prints one
 JSON line. Steps: init | meminfo | fill MiB | freeall | roundtrip | nvml | churn N | ready."""
 
