@@ -26,7 +26,7 @@
  * in other processes wake too). Nothing polls.
  *
  * The layout is fixed (the _Static_asserts below) and mirrored by ctypes in devplugin/sim/fake_driver.py;
- * tests/test_fake_nvml.py compares the two through fakeNvml_stateLayout(). Bump FAKE_GPU_STATE_VERSION on any
+ * tests/fakes/test_nvml.py compares the two through fakeNvml_stateLayout(). Bump FAKE_GPU_STATE_VERSION on any
  * change. Only static inline code lives here, so each fake library compiles its own copy.
  */
 #ifndef FAKE_GPU_STATE_H

@@ -1,7 +1,7 @@
 /* Fake libnvidia-ml.so.1: the NVML calls the daemon (through pynvml) and the shim (through dlopen) make,
  * answered from a text config ($FAKE_NVML_CONFIG, fakes/fake_gpu_config.h) and a live state file
  * ($FAKE_NVML_CONFIG.state or the config's state=, fakes/fake_gpu_state.h). Real return codes, real struct
- * layouts, real init reference counting. fakes/README.md describes the files; tests/test_fake_nvml.py pins the
+ * layouts, real init reference counting. fakes/README.md describes the files; tests/fakes/test_nvml.py pins the
  * behaviour.
  *
  * Device handles carry the config's index (what NVML calls the index); everything read from the state file is

@@ -1,6 +1,7 @@
-"""What the fake libcuda answers to cuBLAS's private calls, printed as one JSON object (tests/test_fake_cuda_cublas.py).
+"""What the fake libcuda answers to cuBLAS's private calls, printed as one JSON object
+(tests/fakes/test_cuda_cublas.py).
 
-    python tests/fake_cuda_tables_probe.py LIBCUDA
+    python tests/fakes/cuda_tables_probe.py LIBCUDA
 
 Runs in a process of its own (cuInit's state is the process's) on the node FAKE_NVML_CONFIG names: the context
 table's slots 4, 51 and 39 beside cuCtxGetId and cuStreamGetId, and the JIT linker.

@@ -22,7 +22,7 @@ import pytest
 
 from devplugin_sim.driver_socket import DriverSocket
 from devplugin_sim.fake_driver import FakeDriver, FakeGPU, library_dir, seed_uuid
-from tests import pid_namespaces
+from tests.fakes import pid_namespaces
 from tests.support.cuda_runtime import runtime_probe
 from tests.support.shim_probe import TESTS, MiB, gpus, next_step, require_built, until
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.shim_probe import FAKE_CUDA, REPO, make_node
 
-PROBE = REPO / "tests" / "fake_cuda_tables_probe.py"
+PROBE = REPO / "tests" / "fakes" / "cuda_tables_probe.py"
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_INVALID_IMAGE = 200

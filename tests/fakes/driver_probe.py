@@ -1,6 +1,6 @@
 """What a process sees of the (fake) NVIDIA driver, printed as one JSON line per step; run as a container's process.
 
-    python tests/driver_probe.py STEP...
+    python tests/fakes/driver_probe.py STEP...
 
 Steps:
     pid             this process's pid (1 as the first process of a PID namespace)

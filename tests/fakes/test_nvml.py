@@ -25,7 +25,7 @@ from devplugin_sim.fake_driver import (
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 GIB = 1 << 30
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_reserved_memory(make_driver) -> None:
 
 
 def test_no_processes_and_no_per_process_utilisation_before_a_context(nvml: FakeDriver) -> None:
-    # Processes and their utilisation (tests/test_fake_gpu_timeline.py) appear once a process creates a context.
+    # Processes and their utilisation (tests/fakes/test_gpu_timeline.py) appear once a process creates a context.
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
     with pytest.raises(pynvml.NVMLError_NotFound):
