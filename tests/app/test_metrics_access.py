@@ -4,7 +4,7 @@ container names and GPU use) are on the metrics port, which listens on loopback 
 `--metrics-auth kubernetes`, answers only a bearer token the apiserver authenticates (TokenReview) and allows
 `get` on the non-resource URL /metrics (SubjectAccessReview), as kube-rbac-proxy does.
 
-The reviews are asked of the real apiserver in tests/test_metrics_auth_realk8s.py; here the checks around them
+The reviews are asked of the real apiserver in tests/realk8s/app/test_metrics_auth.py; here the checks around them
 (the answers, the cache, an apiserver that fails) run against plain functions in their place."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """deploy/components/dra renders on top of an overlay: the DeviceClasses, the claim policies with their bindings
 and parameter, each object valid against the Kubernetes 1.34+ schemas (resource.k8s.io/v1 is GA from 1.34), and
 the example claims of deploy/examples/dra valid too and naming only the component's DeviceClasses. What the
-policies refuse is tested on the real apiserver (tests/test_dra_claim_policies_realk8s.py)."""
+policies refuse is tested on the real apiserver (tests/realk8s/dra/test_claim_policies.py)."""
 
 from __future__ import annotations
 

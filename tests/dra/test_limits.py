@@ -1,6 +1,6 @@
 """`devplugin dra-limits`: the figure it would write and what it says of the ConfigMap's, on the recorded slices
 (tests/dra/recorded/two-nodes.json: 15 GiB GPUs); inspect's limit line agrees on what is not a quantity.
-Against the real apiserver: tests/test_dra_limits_realk8s.py."""
+Against the real apiserver: tests/realk8s/dra/test_limits.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`kubectl inspect gpushare` shows use beside allocation: the real daemon (fake apiserver, kubelet emulator) and
 the real shim over the fake driver in a container's process; inspect reaches the daemon's /metrics through the
 apiserver's pod proxy, as it does on a cluster, with a token of gpushare-metrics-reader (the daemon's metrics port
-answers no other; the real apiserver's part of it: tests/test_metrics_auth_realk8s.py)."""
+answers no other; the real apiserver's part of it: tests/realk8s/app/test_metrics_auth.py)."""
 
 from __future__ import annotations
 

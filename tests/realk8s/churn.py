@@ -1,6 +1,7 @@
 """Random churn on a realk8s cluster: seeded pods of random sizes created in bursts, pods deleted at random, and
 what became of each: Running (with its create-to-Running time), refused by its node (with the cause), or left
-Pending (and whether some node had room for it). Used by tests/test_real_churn.py and bench/cluster_churn.py."""
+Pending (and whether some node had room for it). Used by tests/realk8s/placement/test_churn.py and
+bench/cluster_churn.py."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ pytestmark = [
                                                  "(mmdebstrap, buildah's chroot isolation, runc)"),
 ]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 ALL_MODULES = ("import importlib, pkgutil, devplugin; "
                "names = [m.name for m in pkgutil.walk_packages(devplugin.__path__, 'devplugin.') "
                "if not m.name.endswith('__main__')]; "

@@ -30,7 +30,7 @@ from tests.realk8s.certs import Pki, make_pki, service_account_keys
 from tests.realk8s.processes import Proc, free_port
 
 pytestmark = pytest.mark.realk8s
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ADMIN = "admintoken"
 NS = "tenant-a"
 

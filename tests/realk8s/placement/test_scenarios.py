@@ -69,7 +69,7 @@ def test_fragmented_node_does_not_take_a_pod_larger_than_any_gpu_has_free(realk8
     frag = realk8s.nodes[0].name
     fill = [on_node(pod(f"fill-{g}", [Ask(mem=70, core=5)]), frag) for g in range(8)]
     whole = [pod(f"whole-{i}", [Ask(count=8)]) for i in range(len(realk8s.nodes) - 1)]
-    for body in fill + whole:  # one at a time: a burst of same-sized pods is defect 0's (tests/test_real_burst.py)
+    for body in fill + whole:  # one at a time: a burst of same-sized pods is defect 0's (test_burst.py beside this)
         realk8s.core.create_namespaced_pod(ns, body)
         running(realk8s, ns, [body["metadata"]["name"]])
     by = running(realk8s, ns, [b["metadata"]["name"] for b in fill + whole])

@@ -18,7 +18,7 @@ from tests.dra.objects import gpu
 from tests.dra.realk8s_dra import DraCluster, pod_with_claims, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s
-EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "dra" / "two-gpus-one-nvlink-island.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "examples" / "dra" / "two-gpus-one-nvlink-island.yaml"
 NODE = "nvlink-node"
 
 

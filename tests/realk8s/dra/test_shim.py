@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from devplugin import contract
+from tests.realk8s.dra.test_end_to_end import claim_template, pod_with_claim, running_pod
 from tests.realk8s.dra_cluster import DraCluster, DraNode
 from tests.support import cuda_runtime, shim_probe
-from tests.test_real_dra import claim_template, pod_with_claim, running_pod
 
 pytestmark = pytest.mark.realk8s
 

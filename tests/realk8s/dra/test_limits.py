@@ -25,7 +25,7 @@ from devplugin.gpu.facts import GpuFacts
 from tests.realk8s.apiserver import BareApiserver, bare_apiserver
 
 pytestmark = pytest.mark.realk8s
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 GiB = 1 << 30
 
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.realk8s
 
 GiB = 1 << 30
 NODE = "gpu-node-0"
-JOB = (Path(__file__).parent / "realk8s" / "workload" / "ray_gpu_job.py").read_text()
+JOB = (Path(__file__).parents[1] / "workload" / "ray_gpu_job.py").read_text()
 OOM = "cupy.cuda.memory.OutOfMemoryError"
 CONTEXT_CHARGE = 256 << 20  # the shim charges each process's CUDA context to the slice (docs/reference/shim.md)
 # The fake GPU's kernel timeline: each launch of the job's 1000-block kernel takes 1 ms of the GPU, and a process

@@ -21,7 +21,7 @@ from devplugin.gpu.device import GPU
 from tests.dra.realk8s_dra import DraCluster, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 EXAMPLES = REPO / "deploy" / "examples" / "dra"
 COMPONENT = REPO / "deploy" / "components" / "dra"

@@ -31,7 +31,7 @@ from tests.realk8s import kubeconfigs
 from tests.realk8s.apiserver import bare_apiserver
 from tests.support.nodes import make_node
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 pytestmark = pytest.mark.realk8s
 ADMIN = "admintoken"

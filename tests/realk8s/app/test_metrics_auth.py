@@ -33,7 +33,7 @@ from tests.realk8s import kubeconfigs
 from tests.realk8s.apiserver import bare_apiserver
 from tests.support.daemon_harness import COUNT, _until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 pytestmark = pytest.mark.realk8s
 ADMIN = "admintoken"

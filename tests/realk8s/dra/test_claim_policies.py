@@ -32,7 +32,7 @@ from kubernetes.utils import parse_quantity
 
 from tests.realk8s.apiserver import bare_apiserver
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 COMPONENT = REPO / "deploy" / "components" / "dra"
 EXAMPLES = REPO / "deploy" / "examples" / "dra"

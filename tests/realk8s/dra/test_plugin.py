@@ -39,7 +39,7 @@ from tests.realk8s.processes import free_port
 pytestmark = pytest.mark.realk8s
 NODE = "n-plugin"
 NS = "default"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from devplugin.gpu.device import GPU
 from tests.dra.realk8s_dra import DraCluster, pod_with_claims, shipped_dra_cluster, wait_for
 
 pytestmark = pytest.mark.realk8s
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 EXAMPLE = REPO / "deploy" / "examples" / "dra" / "h100-not-this-gpu.yaml"
 COMPONENT = REPO / "deploy" / "components" / "dra"

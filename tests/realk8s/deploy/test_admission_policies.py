@@ -26,7 +26,7 @@ import pytest
 
 from tests.realk8s.apiserver import bare_apiserver
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 pytestmark = pytest.mark.realk8s
 ADMIN = "admintoken"

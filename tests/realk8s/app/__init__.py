@@ -1,0 +1,1 @@
+"""The node daemon's metrics access on the real kube-apiserver."""

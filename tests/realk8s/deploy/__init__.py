@@ -1,0 +1,1 @@
+"""The shipped manifests and image on the real Kubernetes components."""

@@ -1,0 +1,1 @@
+"""The node daemon against the kubelet's real device manager."""

@@ -1,0 +1,1 @@
+"""DRA mode on the real kube-apiserver and kube-scheduler."""

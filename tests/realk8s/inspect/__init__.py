@@ -1,0 +1,1 @@
+"""`devplugin inspect` against the real kube-apiserver."""

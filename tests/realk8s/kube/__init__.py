@@ -1,0 +1,1 @@
+"""What the node daemon writes, on the real kube-apiserver."""

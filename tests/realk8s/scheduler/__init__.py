@@ -1,0 +1,1 @@
+"""The extender's webhooks as the real kube-apiserver calls them."""
