@@ -25,7 +25,7 @@ vp = ctypes.c_void_p
 
 def check(rc: int, what: str) -> None:
     if rc:
-        raise SystemExit(f"fake_cuda_tables_probe: {what} failed: {rc}")
+        raise SystemExit(f"cuda_tables_probe: {what} failed: {rc}")
 
 
 def context_table(cu: ctypes.CDLL) -> dict:

@@ -1,6 +1,6 @@
 """With --webhook-client-names the webhooks answer only the apiserver's client certificate (what its
 AdmissionConfiguration kubeconfig presents): an anonymous post, or one with kube-scheduler's certificate, gets 403
-with the reason before its body is read; without the flag the webhooks answer anyone (test_scheduler_auth.py)."""
+with the reason before its body is read; without the flag the webhooks answer anyone (test_auth.py)."""
 
 from __future__ import annotations
 
