@@ -5,7 +5,7 @@ preloaded, its own usage file and its compute share (`CUDA_DEVICE_SM_LIMIT`, `GP
 The fake libcuda runs every process's kernels on one shared timeline (fakes/fake_gpu_timeline.h) and the fake
 NVML reports the processes under host pids that differ from their own. What each container got is read from
 the timeline's per-process busy time (`FakeDriver.process_times`), independent of what the shim measured.
-Used by tests/test_shim_share*.py and bench/shim_share.py.
+Used by tests/shim/test_share*.py and bench/shim_share.py.
 """
 
 from __future__ import annotations
