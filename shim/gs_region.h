@@ -59,18 +59,18 @@ struct gs_region_compute {
 
 /* The compute controller's decayed sums (gs_throttle.c) over one horizon: at every step each is multiplied by
  * exp(-dt / tau) and the step added. ours/all: NVML's per-process samples (smUtil) of the container's processes
- * and of every process; gpu: the whole GPU's utilisation (percent) x the step's length; seconds: the steps'
- * lengths (gpu / seconds is the mean utilisation). 16 bytes. */
+ * and of every process; gpu: the whole GPU's utilisation (percent) x the step's length; tokens: those spent;
+ * seconds: the steps' lengths (gpu / seconds is the mean utilisation, tokens / seconds the rate). 20 bytes. */
 struct gs_share_horizon {
-    float ours, all, gpu, seconds;
+    float ours, all, gpu, tokens, seconds;
 };
 
-/* Both horizons, and the tokens spent over the slow one. 40 bytes. */
+/* Both horizons. 40 bytes. */
 struct gs_share_sums {
-    struct gs_share_horizon fast; /* what the policy reacts to: a neighbour that starts, an idle GPU */
-    struct gs_share_horizon slow; /* what a token buys: enough samples to tell the container's part */
-    float tokens;
-    float unused;
+    struct gs_share_horizon fast; /* what the policy reacts to (a neighbour that starts, an idle GPU), and what a
+                                   * token buys while the samples name only the container */
+    struct gs_share_horizon slow; /* what a token buys while they name others too: enough samples to tell the
+                                   * container's part */
 };
 
 /* What the node daemon exports per container and GPU, beside the memory and compute above (and the controller's

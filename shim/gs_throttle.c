@@ -79,12 +79,14 @@ enum measured {
 };
 
 /* Decay a horizon's sums by the step's length and add the step. */
-static void add_step(struct gs_share_horizon *h, double tau, double dt, int gpu, const struct gs_usage_sampled *s)
+static void add_step(struct gs_share_horizon *h, double tau, double dt, int gpu, uint64_t used,
+                     const struct gs_usage_sampled *s)
 {
     double keep = exp(-dt / tau);
     h->ours = (float)(h->ours * keep + s->ours);
     h->all = (float)(h->all * keep + s->all);
     h->gpu = (float)(h->gpu * keep + gpu * dt);
+    h->tokens = (float)(h->tokens * keep + (double)used);
     h->seconds = (float)(h->seconds * keep + dt);
 }
 
@@ -92,9 +94,16 @@ static void add_step(struct gs_share_horizon *h, double tau, double dt, int gpu,
 struct use {
     double cu, gpu, others; /* over the fast horizon: the container's, the whole GPU's, everyone else's (-1:
                              * unknown) */
-    double cu_slow;         /* the container's over the slow horizon */
-    double per_s;           /* tokens spent per second over the slow horizon */
+    double cu_rate, per_s;  /* the container's use and its tokens spent per second over the same seconds: the fast
+                             * horizon while the samples name only the container, else the slow one */
 };
+
+/* The use over horizon h when the container's part of the samples is taken as `part`. */
+static void horizon_use(const struct gs_share_horizon *h, double part, struct use *out)
+{
+    out->cu_rate = h->gpu / h->seconds * part;
+    out->per_s = h->tokens / h->seconds;
+}
 
 /* The container's use of GPU d (struct use). Its part of the GPU's use is its part of NVML's per-process samples
  * over the same seconds (ours / all: right whichever way the driver samples, gs_usage.h). Falls back to the
@@ -126,12 +135,9 @@ static enum measured measure(int d, struct gs_region_compute *c, struct gs_share
         per_process = gs_usage_samples(w->nvml, pids, npids, &seen, &s);
         __atomic_store_n(&c->last_seen_us, seen, __ATOMIC_RELAXED);
     }
-    add_step(&m->fast, GS_FAST_TAU_S, dt, g, &s);
-    add_step(&m->slow, GS_SLOW_TAU_S, dt, g, &s);
-    m->tokens = (float)(m->tokens * exp(-dt / GS_SLOW_TAU_S) + (double)used);
+    add_step(&m->fast, GS_FAST_TAU_S, dt, g, used, &s);
+    add_step(&m->slow, GS_SLOW_TAU_S, dt, g, used, &s);
     out->gpu = m->fast.gpu / m->fast.seconds;
-    out->per_s = m->tokens / m->slow.seconds;
-    double gpu_slow = m->slow.gpu / m->slow.seconds;
     uint64_t now = now_ns();
     const char *why = unmapped ? "a process of this container could not be told apart in NVML's process list"
                       : npids ? "NVML reports no per-process utilisation for this container's processes"
@@ -148,11 +154,15 @@ static enum measured measure(int d, struct gs_region_compute *c, struct gs_share
         if (m->slow.all > 0 && silent < GS_UNSEEN_NS) {
             out->cu = m->fast.all > 0 ? out->gpu * m->fast.ours / m->fast.all : 0;
             out->others = out->gpu - out->cu;
-            out->cu_slow = gpu_slow * m->slow.ours / m->slow.all;
+            if (m->fast.all > 0 && m->fast.ours >= m->fast.all)
+                horizon_use(&m->fast, 1, out); /* alone in the samples: no sampling noise to average out */
+            else
+                horizon_use(&m->slow, m->slow.ours / m->slow.all, out);
             return GS_PER_PROCESS;
         }
         if (out->gpu < 2) {
-            out->cu = out->others = out->cu_slow = 0; /* the GPU is idle: so is the container */
+            out->cu = out->others = 0; /* the GPU is idle: so is the container */
+            horizon_use(&m->fast, 0, out);
             return GS_PER_PROCESS;
         }
         if (silent < GS_UNMEASURED_NS)
@@ -164,7 +174,7 @@ static enum measured measure(int d, struct gs_region_compute *c, struct gs_share
     if (!w->warned_whole++)
         GS_WARN("%s: %s; the compute share is held against the whole GPU's utilisation", gs_gates[d].uuid, why);
     out->cu = out->gpu;
-    out->cu_slow = gpu_slow;
+    horizon_use(&m->fast, 1, out);
     return GS_WHOLE_GPU;
 }
 
@@ -258,13 +268,13 @@ static void control(int d)
     int64_t rate = __atomic_load_n(&c->rate, __ATOMIC_RELAXED), rnext;
     if (!used)
         return; /* nothing launched: nothing to learn */
-    if (m.cu_slow < 1) {
+    if (m.cu_rate < 1) {
         if (!waited || !rate)
             return;
         rnext = rate * 2; /* held back while the container shows no use: open up */
     } else {
         /* what the container spent per percent of the GPU it used, over the same seconds, times the aim */
-        double target = m.per_s * a / m.cu_slow;
+        double target = m.per_s * a / m.cu_rate;
         double r = target;
         /* smoothed, but not the growth of a container that reserved no compute: its aim grows a few points a step */
         if (rate && !outright && !(gs_gates[d].unreserved && a > cu)) {
@@ -281,9 +291,9 @@ static void control(int d)
     }
     __atomic_store_n(&c->resumed, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&c->rate, rnext, __ATOMIC_RELEASE);
-    GS_DEBUG("CUDA device %d: container %.1f%% (last seconds %.1f%%), GPU %.1f%% (share %d%%, aiming at %d%%), "
+    GS_DEBUG("CUDA device %d: container %.1f%% (last second %.1f%%), GPU %.1f%% (share %d%%, aiming at %d%%), "
              "%.0f tokens/s -> rate %lld",
-             d, m.cu_slow, m.cu, m.gpu, share, a, m.per_s, (long long)rnext);
+             d, m.cu_rate, m.cu, m.gpu, share, a, m.per_s, (long long)rnext);
 }
 
 static void *controller(void *arg)

@@ -5,9 +5,13 @@
  * A launch costs its grid size in blocks (a graph launch: GS_GRAPH_COST). Threads take tokens from the pool in
  * batches of about a millisecond of budget and spend them from thread-local memory, so a launch below the
  * share is a compare and a subtraction. Every GS_CONTROL_PERIOD_MS one process of the container (whichever
- * claims the step first) measures the container's utilisation c: the per-process utilisation NVML reports for
- * the container's processes (their NVML pids: gs_pidmap.h), summed. It sets the refill rate to what would have
- * produced the target a:
+ * claims the step first) measures the container's utilisation c: the whole GPU's utilisation times the
+ * container's part of NVML's per-process samples (of the container's processes, by their NVML pids:
+ * gs_pidmap.h), each summed with exponential forgetting in the usage file. Drivers differ in what a sample is
+ * (gs_usage.h): where each names only the one process resident on the GPU, a container's part shows only over
+ * many samples, so what a token buys is learnt over GS_SLOW_TAU_S seconds (GS_FAST_TAU_S while the samples name
+ * only the container), and the policy reacts to the last GS_FAST_TAU_S. It sets the refill rate to what would
+ * have produced the target a over the same seconds:
  *     target = (tokens spent per second) * a / c,   rate <- sqrt(rate * target)   (at most 4x per step)
  * so the bucket learns what a block costs on this GPU for this workload. The target a:
  *   force    the share s.
