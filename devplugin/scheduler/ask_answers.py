@@ -8,7 +8,7 @@ and every node's entry of prioritize's answer. A call first applies the changes 
 (one node per bind, typically), then answers with a few passes over the names done by the interpreter's set and
 list primitives, instead of a per-node lookup, binary search and score in Python for every name.
 
-The answers are one_share's, node by node (node_answer, node_score): tests/test_scheduler_ask_answers.py compares
+The answers are one_share's, node by node (node_answer, node_score): tests/scheduler/test_ask_answers.py compares
 them with the answers computed afresh on clusters that change between calls.
 """
 

@@ -7,7 +7,7 @@ when the node or a pod on it changes): the memory free on each GPU that can take
 the most compute free among the GPUs with at least that much memory. A node then answers with one binary search,
 and a refusal is written once per distinct text and shared by the nodes that give it.
 
-The answers are fit's and score's, word for word (tests/test_scheduler_one_share.py compares them on random
+The answers are fit's and score's, word for word (tests/scheduler/test_one_share.py compares them on random
 clusters). The loops allocate no object per node that outlives the iteration but the answer's own strings, so a
 request over thousands of nodes leaves the cyclic garbage collector nothing to do.
 """
