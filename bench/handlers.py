@@ -29,8 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devplugin.allocation.allocator import Allocator, Reporter  # noqa: E402
+from devplugin.allocation.allocator import Allocator  # noqa: E402
 from devplugin.allocation.node import Node  # noqa: E402
+from devplugin.allocation.ports import Reporter  # noqa: E402
 from devplugin.allocation.requests import PodRequest, pod_request  # noqa: E402
 from devplugin.allocation.units import Kind, device_ids  # noqa: E402
 from devplugin.api.deviceplugin.v1beta1 import api_pb2  # noqa: E402

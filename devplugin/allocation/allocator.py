@@ -39,12 +39,10 @@ from devplugin.allocation.node import Node
 from devplugin.allocation.paired_decision import PARTNER_MINIMUM, PairedDecision
 from devplugin.allocation.pairing_book import PairingBook
 from devplugin.allocation.ports import (
-    LOOKUP_OUTCOMES,
     Grant,
     HeldDevices,
     KubeletListing,
     MountProvider,
-    MountSpec,
     PodLookup,
     Reporter,
 )
@@ -197,5 +195,4 @@ class Allocator:
             return sum(1 for h in self.holdings.holders() if h.key is not None and not h.exact)
 
 
-__all__ = ["LOOKUP_OUTCOMES", "Allocator", "Grant", "HeldDevices", "MountProvider", "MountSpec", "PodLookup",
-           "Reporter"]
+__all__ = ["Allocator"]

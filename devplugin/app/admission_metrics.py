@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from devplugin.allocation.allocator import LOOKUP_OUTCOMES
 from devplugin.allocation.errors import RequestError
+from devplugin.allocation.ports import LOOKUP_OUTCOMES
 
 PREFIX = "gpushare_"
 CALLS = ("GetPreferredAllocation", "Allocate")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from devplugin.allocation.allocator import Allocator, Reporter
+from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.errors import PairingConflict, RequestError
+from devplugin.allocation.ports import Reporter
 from devplugin.allocation.requests import pod_request
 from devplugin.allocation.units import Kind, encode_id
 from devplugin_sim.kubelet import AdmissionError

@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from devplugin.allocation.allocator import Allocator, Grant
+from devplugin.allocation.allocator import Allocator
 from devplugin.allocation.node import Node
+from devplugin.allocation.ports import Grant
 from devplugin.allocation.units import Kind, MemUnit, device_ids
 from devplugin.gpu.device import GPU
 
