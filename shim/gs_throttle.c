@@ -20,6 +20,7 @@
                                          * measure the whole GPU */
 #define GS_UNSEEN_NS 10000000000ULL   /* launching on a busy GPU while no sample names the container this long */
 #define GS_FAST_TAU_S 1.5             /* the policy's view of the GPU forgets with this time constant */
+#define GS_WARM_S 1.0                 /* the slow horizon starts once the fast one holds this many seconds */
 #define GS_SLOW_TAU_S 20.0            /* what a token buys is learnt over this: a driver that samples the resident
                                        * process names a 30 % container in about 3 of 10 samples, 5 a second */
 #define GS_UNRESERVED_START 10000LL   /* no compute reserved: tokens per second before the first measurement */
@@ -98,6 +99,21 @@ struct use {
                              * horizon while the samples name only the container, else the slow one */
 };
 
+/* Whether the container's processes are the only ones with a context on the GPU (NVML's process list). */
+static int alone_on(nvmlDevice_t dev, const unsigned *pids, int npids)
+{
+    unsigned listed[GS_USAGE_MAX_PROCS];
+    int n = gs_usage_processes(dev, listed, GS_USAGE_MAX_PROCS);
+    for (int i = 0; i < n; i++) {
+        int ours = 0;
+        for (int k = 0; k < npids && !ours; k++)
+            ours = pids[k] == listed[i];
+        if (!ours)
+            return 0;
+    }
+    return n > 0;
+}
+
 /* The use over horizon h when the container's part of the samples is taken as `part`. */
 static void horizon_use(const struct gs_share_horizon *h, double part, struct use *out)
 {
@@ -136,7 +152,9 @@ static enum measured measure(int d, struct gs_region_compute *c, struct gs_share
         __atomic_store_n(&c->last_seen_us, seen, __ATOMIC_RELAXED);
     }
     add_step(&m->fast, GS_FAST_TAU_S, dt, g, used, &s);
-    add_step(&m->slow, GS_SLOW_TAU_S, dt, g, used, &s);
+    int warm = m->fast.seconds >= GS_WARM_S; /* the first second's samples say little of what a token buys */
+    if (warm)
+        add_step(&m->slow, GS_SLOW_TAU_S, dt, g, used, &s);
     out->gpu = m->fast.gpu / m->fast.seconds;
     uint64_t now = now_ns();
     const char *why = unmapped ? "a process of this container could not be told apart in NVML's process list"
@@ -151,13 +169,15 @@ static enum measured measure(int d, struct gs_region_compute *c, struct gs_share
         else if (!c->unmeasured_since)
             c->unmeasured_since = now;
         uint64_t silent = c->unmeasured_since ? now - c->unmeasured_since : 0;
-        if (m->slow.all > 0 && silent < GS_UNSEEN_NS) {
+        if (m->fast.all + m->slow.all > 0 && silent < GS_UNSEEN_NS) {
             out->cu = m->fast.all > 0 ? out->gpu * m->fast.ours / m->fast.all : 0;
             out->others = out->gpu - out->cu;
-            if (m->fast.all > 0 && m->fast.ours >= m->fast.all)
-                horizon_use(&m->fast, 1, out); /* alone in the samples: no sampling noise to average out */
+            const struct gs_share_horizon *h = warm ? &m->slow : &m->fast;
+            if (alone_on(w->nvml, pids, npids))
+                horizon_use(&m->fast, m->fast.all > 0 ? m->fast.ours / m->fast.all : 1, out); /* nothing to
+                                                                                                   * average out */
             else
-                horizon_use(&m->slow, m->slow.ours / m->slow.all, out);
+                horizon_use(h, h->all > 0 ? h->ours / h->all : 0, out);
             return GS_PER_PROCESS;
         }
         if (out->gpu < 2) {

@@ -9,8 +9,9 @@
  * container's part of NVML's per-process samples (of the container's processes, by their NVML pids:
  * gs_pidmap.h), each summed with exponential forgetting in the usage file. Drivers differ in what a sample is
  * (gs_usage.h): where each names only the one process resident on the GPU, a container's part shows only over
- * many samples, so what a token buys is learnt over GS_SLOW_TAU_S seconds (GS_FAST_TAU_S while the samples name
- * only the container), and the policy reacts to the last GS_FAST_TAU_S. It sets the refill rate to what would
+ * many samples, so what a token buys is learnt over GS_SLOW_TAU_S seconds, from GS_WARM_S after the start
+ * (GS_FAST_TAU_S while the container's processes are the only ones NVML lists on the GPU), and the policy reacts
+ * to the last GS_FAST_TAU_S. It sets the refill rate to what would
  * have produced the target a over the same seconds:
  *     target = (tokens spent per second) * a / c,   rate <- sqrt(rate * target)   (at most 4x per step)
  * so the bucket learns what a block costs on this GPU for this workload. The target a:

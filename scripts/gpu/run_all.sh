@@ -12,7 +12,7 @@ PY="${PYTHON:-python3}"
 make native >"$OUT/build.log" 2>&1 || { echo "build failed: see $OUT/build.log"; exit 1; }
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 status=0
-for script in driver_checks.py runtime_devices.py lifetime_checks.py context_charge.py spin_share.py share_containers.py torch_oom.py torch_matmul_share.py; do
+for script in driver_checks.py runtime_devices.py lifetime_checks.py context_charge.py spin_share.py share_containers.py nvml_samples.py torch_oom.py torch_matmul_share.py; do
     echo "== $script"
     # One check that hangs (a wedged context, a kernel that never ends) must not eat the others' time.
     timeout "${GPU_CHECK_TIMEOUT_S:-180}" "$PY" "scripts/gpu/$script"
