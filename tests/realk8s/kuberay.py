@@ -75,6 +75,21 @@ def kubectl(admin: Path, *args: str, stdin: str | None = None) -> str:
     return proc.stdout
 
 
+def wait_established(admin: Path, crds: list[str], timeout: float = 60.0) -> None:
+    """Until each CRD is Established. Polled with `kubectl get`, not `kubectl wait --for=condition=Established`:
+    that fails at once, rather than waiting, on a CRD whose status the apiserver has not written yet ("status.conditions
+    accessor error: <nil>", kubernetes/kubernetes#66439)."""
+    deadline, states = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        for crd in crds:
+            states[crd] = kubectl(admin, "get", f"crd/{crd}", "-o",
+                                  'jsonpath={.status.conditions[?(@.type=="Established")].status}').strip()
+        if all(state == "True" for state in states.values()):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"KubeRay's CRDs not Established within {timeout:.0f} s: {states}")
+
+
 def rbac_objects(source: Path, namespace: str) -> list[dict[str, Any]]:
     """The module's config/rbac rendered by kubectl, its namespaced objects and its bindings' ServiceAccount
     subjects put in `namespace` (what the release's kustomization does with its `namespace:`)."""
@@ -104,8 +119,7 @@ def install(cluster: Cluster) -> Operator:
     """CRDs, RBAC and the operator on `cluster`; returns once the operator answers /readyz."""
     source = module_dir()
     kubectl(cluster.admin, "apply", "--server-side", "-f", str(source / "config" / "crd" / "bases"))
-    kubectl(cluster.admin, "wait", "--for=condition=Established", "--timeout=60s",
-            *[f"crd/{p}.{GROUP}" for p in ("rayclusters", "rayjobs", "rayservices")])
+    wait_established(cluster.admin, [f"{p}.{GROUP}" for p in ("rayclusters", "rayjobs", "rayservices")])
     ns = cluster.namespace("kuberay")
     kubectl(cluster.admin, "apply", "-f", "-", stdin=yaml.safe_dump_all(rbac_objects(source, ns)))
     assert cluster.pki is not None
