@@ -82,8 +82,9 @@ def wait_established(admin: Path, crds: list[str], timeout: float = 60.0) -> Non
     deadline, states = time.monotonic() + timeout, {}
     while time.monotonic() < deadline:
         for crd in crds:
-            states[crd] = kubectl(admin, "get", f"crd/{crd}", "-o",
-                                  'jsonpath={.status.conditions[?(@.type=="Established")].status}').strip()
+            conditions = json.loads(kubectl(admin, "get", f"crd/{crd}", "-o", "json")).get("status", {}).get(
+                "conditions") or []  # null until the apiserver writes them: no jsonpath filter copes with that
+            states[crd] = next((c.get("status") for c in conditions if c.get("type") == "Established"), "none yet")
         if all(state == "True" for state in states.values()):
             return
         time.sleep(0.2)
