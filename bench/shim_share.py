@@ -1,6 +1,7 @@
 """Compute shares between containers on one simulated GPU under the real shim, and how fast `default` gives back.
 
     .venv/bin/python bench/shim_share.py [--grid 132] [--settle 3] [--window 4] [--repeat 3] [--sample-ms 50]
+        [--resident]
 
 Every container is one process (or --processes) of `build/shim/tests/gs_probe` launching kernels of GRID blocks
 x 1 us back to back with `libgpushare.so` preloaded, its own usage file, CUDA_DEVICE_SM_LIMIT and
@@ -52,18 +53,21 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=4.0)
     parser.add_argument("--repeat", type=int, default=3, help="reclaim runs")
     parser.add_argument("--sample-ms", type=int, default=50, help="the fake NVML's sample period")
+    parser.add_argument("--resident", action="store_true",
+                        help="each per-process sample names the one process resident on the GPU (as an H100 with "
+                             "driver 580 reports them), not each process's own part")
     args = parser.parse_args()
     workload = Workload(grid=args.grid)
     work = Path(tempfile.mkdtemp(prefix="gsbench-share-", dir="/tmp"))
     results: dict[str, object] = {"grid": args.grid, "window_s": args.window, "sample_ms": args.sample_ms,
-                                  "scenarios": {}}
+                                  "resident": args.resident, "scenarios": {}}
     print(f"shares on one simulated GPU, kernels of {args.grid} blocks x 1 us, {args.processes} process(es) per "
           f"container, NVML samples every {args.sample_ms} ms, measured over {args.window:g} s after {args.settle:g} s")
     print(f"{'scenario':<26}{'container':<22}{'share':>7}{'got':>8}")
     worst = 0.0
     try:
         for i, (name, spec) in enumerate(SCENARIOS):
-            driver = make_gpu(work / f"node{i}", args.sample_ms)
+            driver = make_gpu(work / f"node{i}", args.sample_ms, resident_samples=args.resident)
             containers = [Container(f"c{k}-{share}{'' if shim else '-noshim'}", share=share, policy=policy,
                                     shim=shim, processes=args.processes)
                           for k, (share, policy, shim) in enumerate(spec)]
@@ -77,7 +81,7 @@ def main() -> int:
                     worst = max(worst, abs(got[c.name] - c.share))
         reclaims, after, alone = [], [], []
         for r in range(args.repeat):
-            driver = make_gpu(work / f"reclaim{r}", args.sample_ms)
+            driver = make_gpu(work / f"reclaim{r}", args.sample_ms, resident_samples=args.resident)
             res = measure_reclaim(driver, work / f"reclaim-run{r}", Container("burster", 30, "default"),
                                   Container("neighbour", 70, "force"), alone=args.settle + 1, together=3.0,
                                   workload=workload)

@@ -104,13 +104,9 @@ static int alone_on(nvmlDevice_t dev, const unsigned *pids, int npids)
 {
     unsigned listed[GS_USAGE_MAX_PROCS];
     int n = gs_usage_processes(dev, listed, GS_USAGE_MAX_PROCS);
-    for (int i = 0; i < n; i++) {
-        int ours = 0;
-        for (int k = 0; k < npids && !ours; k++)
-            ours = pids[k] == listed[i];
-        if (!ours)
+    for (int i = 0; i < n; i++)
+        if (!gs_usage_pid_in(pids, npids, listed[i]))
             return 0;
-    }
     return n > 0;
 }
 

@@ -150,12 +150,9 @@ int gs_usage_samples(nvmlDevice_t dev, const unsigned *pids, int npids, uint64_t
     }
     *last_seen_us = newest;
     for (unsigned i = 0; i < n; i++) {
-        int mine = 0;
-        for (int k = 0; k < npids && !mine; k++)
-            mine = pids[k] == spid[i];
         out->entries++;
         out->all += sm[i] > 100 ? 100 : sm[i];
-        if (mine) {
+        if (gs_usage_pid_in(pids, npids, spid[i])) {
             out->mine++;
             out->ours += sm[i] > 100 ? 100 : sm[i];
         }

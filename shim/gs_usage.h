@@ -10,6 +10,15 @@
 
 #define GS_USAGE_MAX_PROCS 256 /* processes on one GPU the shim looks at */
 
+/* Whether `pid` is one of the n in pids. */
+static inline int gs_usage_pid_in(const unsigned *pids, int n, unsigned pid)
+{
+    for (int k = 0; k < n; k++)
+        if (pids[k] == pid)
+            return 1;
+    return 0;
+}
+
 /* NVML's handle of the GPU with this UUID (NVML initialised once per process). 0, or -1 when NVML or the GPU
  * cannot be reached. */
 int gs_usage_device(const char *uuid, nvmlDevice_t *out);
